@@ -1,0 +1,23 @@
+"""mlserver-like: an Open Inference Protocol model server.
+
+Write a model by subclassing :class:`MLModel`; describe it in a ``model-settings.json``; serve a
+folder of them with ``mlserver-like start FOLDER``.
+"""
+
+from . import codecs, errors, types
+from .codecs import decode_args
+from .model import MLModel
+from .settings import ModelParameters, ModelSettings, Settings
+from .version import __version__
+
+__all__ = [
+    "MLModel",
+    "ModelParameters",
+    "ModelSettings",
+    "Settings",
+    "__version__",
+    "codecs",
+    "decode_args",
+    "errors",
+    "types",
+]

@@ -1,0 +1,114 @@
+"""The command line: ``mlserver-like start FOLDER``. Its flags are derived from ``Settings``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from .settings import SETTINGS_FILENAME, Settings
+from .version import __version__
+
+_SKIPPED = {"model_repository_root", "extensions", "logging_settings"}
+
+
+def _flag_kwargs(annotation: Any) -> dict[str, Any] | None:
+    """argparse options for a settings field, or None for fields only settings.json sets."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    return None
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        if name in _SKIPPED:
+            continue
+        kwargs = _flag_kwargs(field.annotation)
+        if kwargs is None:
+            continue
+        default = field.default
+        help_text = (field.description or "").replace("%", "%%") + f" [default: {default}]"
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlserver-like",
+        description="Serve the models of a folder over the Open Inference Protocol (REST and gRPC).",
+    )
+    parser.add_argument("--version", action="version", version=f"mlserver-like {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    start = commands.add_parser(
+        "start",
+        help="start the server on a folder of model-settings.json files",
+        description=(
+            "Start the server on FOLDER: every model-settings.json under it (recursively) is a model. "
+            "Settings come from the flags, then FOLDER/settings.json (or --settings), then "
+            "MLSERVER_* environment variables, then defaults."
+        ),
+    )
+    start.add_argument("folder", metavar="FOLDER", help="the model repository")
+    start.add_argument(
+        "--settings", metavar="FILE", help="a settings.json to read instead of FOLDER/settings.json"
+    )
+    add_settings_flags(start)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    folder = Path(args.folder)
+    path = Path(args.settings) if args.settings else folder / SETTINGS_FILENAME
+    if args.settings and not path.is_file():
+        raise SystemExit(f"mlserver-like: settings file {path} not found")
+    overrides = {
+        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
+    }
+    overrides["model_repository_root"] = str(folder)
+    return Settings.load(path, **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "start":
+        parser.print_help()
+        return 2
+    if not Path(args.folder).is_dir():
+        parser.error(f"model folder {args.folder!r} does not exist")
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from .logs import configure_logging
+    from .server import serve
+
+    configure_logging(settings)
+    _run(serve(settings))
+    return 0
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it exists
+        import asyncio
+
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

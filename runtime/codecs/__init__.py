@@ -1,0 +1,22 @@
+"""Codecs: tensors and requests to Python values and back (MLServer's codec API)."""
+
+from .base import InputCodec, RequestCodec
+from .decorator import decode_args
+from .lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
+from .numpy import NumpyCodec, NumpyRequestCodec
+from .string import Base64Codec, StringCodec, StringRequestCodec
+
+__all__ = [
+    "INPUT_CODECS",
+    "REQUEST_CODECS",
+    "Base64Codec",
+    "InputCodec",
+    "NumpyCodec",
+    "NumpyRequestCodec",
+    "RequestCodec",
+    "StringCodec",
+    "StringRequestCodec",
+    "decode_args",
+    "find_input_codec",
+    "find_request_codec",
+]

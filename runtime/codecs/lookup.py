@@ -1,0 +1,49 @@
+"""Finding a codec by content type, by payload or by type hint, over a fixed, immutable set.
+
+There is no mutable global registry: a model that needs another codec passes it explicitly
+(``default_codec=``) or lists it in its own ``codecs`` attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .base import InputCodec, RequestCodec
+from .numpy import NumpyCodec, NumpyRequestCodec
+from .string import Base64Codec, StringCodec, StringRequestCodec
+
+INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec)
+REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)
+
+
+def find_input_codec(
+    content_type: str | None = None,
+    payload: Any = None,
+    type_hint: Any = None,
+    extra: Iterable[type[InputCodec]] = (),
+) -> type[InputCodec] | None:
+    codecs = (*extra, *INPUT_CODECS)
+    if content_type is not None:
+        return next((c for c in codecs if c.ContentType == content_type), None)
+    if type_hint is not None:
+        return next((c for c in codecs if c.TypeHint == type_hint), None)
+    if payload is not None:
+        return next((c for c in codecs if c.can_encode(payload)), None)
+    return None
+
+
+def find_request_codec(
+    content_type: str | None = None,
+    payload: Any = None,
+    type_hint: Any = None,
+    extra: Iterable[type[RequestCodec]] = (),
+) -> type[RequestCodec] | None:
+    codecs = (*extra, *REQUEST_CODECS)
+    if content_type is not None:
+        return next((c for c in codecs if c.ContentType == content_type), None)
+    if type_hint is not None:
+        return next((c for c in codecs if c.TypeHint == type_hint), None)
+    if payload is not None:
+        return next((c for c in codecs if c.can_encode(payload)), None)
+    return None

@@ -1,0 +1,227 @@
+"""The DataPlane: the transport-free core that REST and gRPC both call.
+
+It checks requests (tensors become numpy arrays of their shape here, once), hands them to the
+model's scheduler, checks what the model returned, and sorts errors at one place: client errors
+pass through, cancellation re-raises, anything else the model raised becomes ``ModelFailed``
+with the cause chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from .errors import InvalidInput, ModelFailed, ServerError, ShuttingDown
+from .registry import ModelEntry, Registry
+from .settings import Settings
+from .tensors import dtype_of, element_count, input_array, output_array
+from .types import (
+    InferenceRequest,
+    InferenceResponse,
+    MetadataModelResponse,
+    MetadataServerResponse,
+    MetadataTensor,
+    RequestInput,
+)
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = ("binary_tensor_data", "model_repository")
+
+
+class DataPlane:
+    """Health, metadata and inference, whatever the transport."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.started = False
+        self.draining = False
+
+    # ------------------------------------------------------------------ health and metadata
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.started and not self.draining and self.registry.all_ready()
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
+        return self.registry.find(name, version).ready and not self.draining
+
+    def metadata(self) -> MetadataServerResponse:
+        extensions = list(EXTENSIONS) + [e for e in self.settings.extensions if e not in EXTENSIONS]
+        return MetadataServerResponse(
+            name=self.settings.server_name, version=self.settings.server_version, extensions=extensions
+        )
+
+    async def model_metadata(self, name: str, version: str | None = None) -> MetadataModelResponse:
+        entry = self.registry.get(name, version)
+        assert entry.model is not None
+        meta = await entry.model.metadata()
+        if not meta.versions:
+            meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
+        return meta
+
+    def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
+        """The declared inputs of a model (empty when its settings declare none)."""
+        return list(self.registry.get(name, version).settings.inputs)
+
+    # ------------------------------------------------------------------ inference
+
+    def check_model(self, name: str, version: str | None = None) -> None:
+        """Raise now if the model cannot take a request, before a transport reads the body."""
+        self._entry(name, version)
+
+    def _entry(self, name: str, version: str | None) -> ModelEntry:
+        if self.draining:
+            raise ShuttingDown("The server is shutting down")
+        return self.registry.get(name, version)
+
+    async def infer(
+        self, request: InferenceRequest, name: str, version: str | None = None
+    ) -> InferenceResponse:
+        """Serve one request through the model's scheduler and return its checked response."""
+        entry = self._entry(name, version)
+        prepare_request(request, entry)
+        assert entry.scheduler is not None
+        try:
+            response = await entry.scheduler.infer(request)
+        except (ServerError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise _model_failed(name, exc) from exc
+        return finish_response(response, request, entry)
+
+    async def infer_stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncIterator[InferenceResponse]:
+        """Serve a stream of requests; each response is checked as it leaves."""
+        entry = self._entry(name, version)
+        assert entry.scheduler is not None
+        last: list[InferenceRequest] = []
+
+        async def checked() -> AsyncIterator[InferenceRequest]:
+            async for request in requests:
+                prepare_request(request, entry)
+                last[:] = [request]
+                yield request
+
+        stream = entry.scheduler.stream(checked())
+        try:
+            async for response in stream:
+                yield finish_response(response, last[0] if last else None, entry)
+        except (ServerError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise _model_failed(name, exc) from exc
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _model_failed(name: str, exc: BaseException) -> ServerError:
+    logger.error("Model %r failed: %s: %s", name, type(exc).__name__, exc, exc_info=logger.isEnabledFor(10))
+    return ModelFailed(f"Model {name!r} failed: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------- request and response checks
+
+
+def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
+    """Check a request against the model and turn every input's data into a numpy array."""
+    declared = {tensor.name: tensor for tensor in entry.settings.inputs}
+    seen: set[str] = set()
+    for inp in request.inputs:
+        if inp.name in seen:
+            raise InvalidInput(f"Input {inp.name!r} appears more than once")
+        seen.add(inp.name)
+        if declared:
+            _check_declared(inp, declared, entry.name)
+        inp.data = input_array(inp)
+    if declared:
+        missing = [name for name in declared if name not in seen]
+        if missing:
+            raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")
+    if request.outputs and entry.settings.outputs:
+        known = {tensor.name for tensor in entry.settings.outputs}
+        for out in request.outputs:
+            if out.name not in known:
+                raise InvalidInput(
+                    f"Model {entry.name!r} has no output {out.name!r}; its outputs are {sorted(known)}"
+                )
+
+
+def _check_declared(inp: RequestInput, declared: dict[str, MetadataTensor], model: str) -> None:
+    spec = declared.get(inp.name)
+    if spec is None:
+        raise InvalidInput(f"Model {model!r} has no input {inp.name!r}; its inputs are {sorted(declared)}")
+    if spec.datatype != inp.datatype:
+        raise InvalidInput(f"Input {inp.name!r} must be {spec.datatype.value}, got {inp.datatype.value}")
+    if spec.shape and not _shape_fits(inp.shape, spec.shape):
+        raise InvalidInput(f"Input {inp.name!r} must have shape {spec.shape} (-1: any), got {inp.shape}")
+
+
+def _shape_fits(shape: list[int], spec: list[int]) -> bool:
+    return len(shape) == len(spec) and all(s == -1 or s == d for d, s in zip(shape, spec, strict=True))
+
+
+def raw_request(body: bytes | memoryview, inputs: list[MetadataTensor]) -> InferenceRequest:
+    """A request whose whole body is the raw data of the model's single declared input."""
+    if len(inputs) != 1:
+        raise InvalidInput(
+            "A request without a JSON header (Inference-Header-Content-Length: 0) needs a model "
+            f"that declares exactly one input; this one declares {len(inputs)}"
+        )
+    spec = inputs[0]
+    shape = list(spec.shape)
+    unknown = [i for i, d in enumerate(shape) if d < 0]
+    if len(unknown) > 1 or (spec.datatype.value == "BYTES" and unknown):
+        raise InvalidInput(f"Input {spec.name!r} has shape {spec.shape}; a raw body cannot say its size")
+    if unknown:
+        known = element_count([d for d in shape if d >= 0]) * dtype_of(spec.datatype).itemsize
+        if known == 0 or len(body) % known:
+            raise InvalidInput(
+                f"A raw body of {len(body)} bytes does not fit input {spec.name!r} {spec.shape}"
+            )
+        shape[unknown[0]] = len(body) // known
+    return InferenceRequest(
+        inputs=[RequestInput(name=spec.name, shape=shape, datatype=spec.datatype, data=body)]
+    )
+
+
+def finish_response(
+    response: InferenceResponse, request: InferenceRequest | None, entry: ModelEntry
+) -> InferenceResponse:
+    """Name the response after the model and request, check its outputs, keep only those asked for."""
+    if not isinstance(response, InferenceResponse):
+        raise ModelFailed(
+            f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
+        )
+    response.model_name = entry.name
+    if response.model_version is None:
+        response.model_version = entry.version
+    if request is not None:
+        if request.id is not None:
+            response.id = request.id
+        elif response.id is None:
+            response.id = str(uuid.uuid4())
+    for out in response.outputs:
+        out.data = output_array(out)
+    if request is not None and request.outputs:
+        by_name = {out.name: out for out in response.outputs}
+        wanted = []
+        for requested in request.outputs:
+            found = by_name.get(requested.name)
+            if found is None:
+                raise InvalidInput(
+                    f"Output {requested.name!r} was requested but model {entry.name!r} "
+                    f"returned only {sorted(by_name)}"
+                )
+            wanted.append(found)
+        response.outputs = wanted
+    return response

@@ -1,0 +1,102 @@
+"""What can go wrong while serving, as a small tree of meanings.
+
+The core raises these; it never speaks of HTTP or gRPC codes. Each transport maps the tree to
+its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/errors.py``)::
+
+    ServerError
+    ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
+    │   ├── SequenceError     unknown, ended or malformed sequence                  400 / INVALID_ARGUMENT
+    │   └── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
+    ├── ModelNotFound         no model (or version) of that name                    404 / NOT_FOUND
+    ├── Unavailable           the server cannot take this work now                  503 / UNAVAILABLE
+    │   ├── ModelNotReady     the model exists but is not ready (loading, failed)
+    │   ├── Overloaded        a queue or a capacity limit is full
+    │   ├── QueueTimeout      the request waited longer than its timeout
+    │   └── ShuttingDown      the server is draining
+    ├── ModelFailed           the model raised; the cause is chained                500 / INTERNAL
+    └── Cancelled             the caller went away or cancelled                     499 / CANCELLED
+
+A model may raise ``InvalidInput`` itself to tell the client that its request was at fault.
+Anything else a model raises becomes ``ModelFailed`` at one place (``runtime.dataplane``).
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """The root of every error the server reports to a client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInput(ServerError):
+    """The request is malformed, or does not fit what the model accepts."""
+
+
+class SequenceError(InvalidInput):
+    """A sequence request names an unknown or ended sequence, or has malformed sequence parameters."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """The request body is larger than the server accepts."""
+
+
+class ModelNotFound(ServerError):
+    """No model of that name, or no such version of it, is in the repository."""
+
+    def __init__(self, name: str, version: str | None = None) -> None:
+        if version:
+            super().__init__(f"Model {name!r} with version {version!r} not found")
+        else:
+            super().__init__(f"Model {name!r} not found")
+        self.name = name
+        self.version = version
+
+
+class Unavailable(ServerError):
+    """The server cannot take this work now; trying again later may succeed."""
+
+
+class ModelNotReady(Unavailable):
+    """The model is known but not ready: it is loading, unloading, or failed to load."""
+
+
+class Overloaded(Unavailable):
+    """A bounded queue or a capacity limit is full."""
+
+
+class QueueTimeout(Unavailable):
+    """The request waited in a queue for longer than its timeout allowed."""
+
+
+class ShuttingDown(Unavailable):
+    """The server is draining and takes no new work."""
+
+
+class ModelFailed(ServerError):
+    """The model raised while serving the request; ``__cause__`` holds what it raised."""
+
+
+class Cancelled(ServerError):
+    """The caller cancelled the request or went away before it finished."""
+
+
+__all__ = [
+    "Cancelled",
+    "InvalidInput",
+    "ModelFailed",
+    "ModelNotFound",
+    "ModelNotReady",
+    "Overloaded",
+    "PayloadTooLarge",
+    "QueueTimeout",
+    "SequenceError",
+    "ServerError",
+    "ShuttingDown",
+    "Unavailable",
+]

@@ -1,0 +1,183 @@
+"""The registry: which model versions are loaded, in what state, and how to reach them.
+
+Each (name, version) has an entry holding its settings, its model, its scheduler and its state.
+Loading a model that is already loaded builds and loads the new one first, then swaps it in and
+retires the old one after its work, so reloads drop no traffic. A model that fails to load keeps
+an entry in state UNAVAILABLE with the reason, so that its ready endpoint and the repository
+index say why, while the other models serve on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+
+from .errors import InvalidInput, ModelNotFound, ModelNotReady
+from .model import MLModel
+from .repository import import_model_class
+from .scheduling import Scheduler, make_scheduler
+from .settings import ModelSettings
+from .types import RepositoryIndexResponseItem, State
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEntry:
+    """One model version as the registry holds it."""
+
+    settings: ModelSettings
+    state: State = State.LOADING
+    reason: str = ""
+    model: MLModel | None = None
+    scheduler: Scheduler | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def version(self) -> str | None:
+        return self.settings.version
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY and self.model is not None and self.model.ready
+
+
+def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
+    if version is None:
+        return (-1, "")
+    parts = re.findall(r"\d+", version)
+    return (1, *map(int, parts)) if parts else (0, version)
+
+
+class Registry:
+    """Loaded models by name and version."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str | None, ModelEntry]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ------------------------------------------------------------------ lookups
+
+    def get(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry to serve ``name`` (at ``version``, or the default one); raises if none is ready."""
+        entry = self.find(name, version)
+        if not entry.ready:
+            reason = f": {entry.reason}" if entry.reason else ""
+            raise ModelNotReady(f"Model {name!r} is not ready ({entry.state.value}){reason}")
+        return entry
+
+    def find(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry of ``name`` at ``version`` (default version if None), whatever its state."""
+        versions = self._entries.get(name)
+        if not versions:
+            raise ModelNotFound(name)
+        if version:
+            entry = versions.get(version)
+            if entry is None:
+                raise ModelNotFound(name, version)
+            return entry
+        return self._default(versions)
+
+    @staticmethod
+    def _default(versions: dict[str | None, ModelEntry]) -> ModelEntry:
+        # unversioned settings win; else the highest ready version; else the highest version
+        if None in versions:
+            return versions[None]
+        ordered = sorted(versions.values(), key=lambda e: _version_key(e.version), reverse=True)
+        return next((e for e in ordered if e.ready), ordered[0])
+
+    def versions(self, name: str) -> list[str]:
+        return sorted((v for v in self._entries.get(name, {}) if v is not None), key=_version_key)
+
+    def entries(self) -> list[ModelEntry]:
+        return [entry for versions in self._entries.values() for entry in versions.values()]
+
+    def index(self, ready_only: bool = False) -> list[RepositoryIndexResponseItem]:
+        return [
+            RepositoryIndexResponseItem(name=e.name, version=e.version, state=e.state, reason=e.reason)
+            for e in self.entries()
+            if e.ready or not ready_only
+        ]
+
+    def all_ready(self) -> bool:
+        """True when every model that loaded successfully is ready (failed loads are reported apart)."""
+        return all(e.ready for e in self.entries() if e.state is not State.UNAVAILABLE)
+
+    # ------------------------------------------------------------------ loading
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def load(self, settings: ModelSettings) -> ModelEntry:
+        """Load (or reload) one model version; failures are recorded, not raised."""
+        if not settings.name:
+            raise InvalidInput("A model needs a name")
+        async with self._lock(settings.name):
+            versions = self._entries.setdefault(settings.name, {})
+            old = versions.get(settings.version)
+            entry = ModelEntry(settings=settings)
+            if old is None:
+                versions[settings.version] = entry
+            try:
+                await self._start(entry)
+            except Exception as exc:
+                entry.state = State.UNAVAILABLE
+                entry.reason = f"failed to load: {type(exc).__name__}: {exc}"
+                logger.error("Model %r (version %s) %s", settings.name, settings.version, entry.reason)
+                if old is not None and old.ready:
+                    return entry  # keep serving the old one
+                versions[settings.version] = entry
+                return entry
+            versions[settings.version] = entry
+            if old is not None:
+                await self._retire(old)
+            logger.info("Model %r (version %s) loaded", settings.name, settings.version)
+            return entry
+
+    async def _start(self, entry: ModelEntry) -> None:
+        cls = import_model_class(entry.settings)
+        if not issubclass(cls, MLModel):
+            raise TypeError(f"{cls.__qualname__} is not a subclass of runtime.MLModel")
+        model = cls(entry.settings)
+        loaded = await model.load()
+        if loaded is False:
+            raise RuntimeError("load() returned False")
+        model.ready = True
+        scheduler = make_scheduler(model, entry.settings)
+        await scheduler.start()
+        entry.model, entry.scheduler = model, scheduler
+        entry.state, entry.reason = State.READY, ""
+
+    async def _retire(self, entry: ModelEntry) -> None:
+        entry.state = State.UNLOADING
+        try:
+            if entry.scheduler is not None:
+                await entry.scheduler.stop()
+            if entry.model is not None:
+                entry.model.ready = False
+                await entry.model.unload()
+        except Exception:
+            logger.exception("Model %r (version %s) failed to unload", entry.name, entry.version)
+
+    async def unload(self, name: str, version: str | None = None) -> None:
+        """Unload one version (or every version of ``name`` when version is None)."""
+        async with self._lock(name):
+            versions = self._entries.get(name)
+            if not versions or (version and version not in versions):
+                raise ModelNotFound(name, version)
+            targets = [versions[version]] if version else list(versions.values())
+            for entry in targets:
+                del versions[entry.version]
+                await self._retire(entry)
+            if not versions:
+                del self._entries[name]
+            logger.info("Model %r unloaded", name)
+
+    async def unload_all(self) -> None:
+        for name in list(self._entries):
+            await self.unload(name)

@@ -1,0 +1,145 @@
+"""The REST transport: OIP routes on Starlette, translating to and from the DataPlane only."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ..dataplane import DataPlane, raw_request
+from ..errors import PayloadTooLarge, ServerError
+from ..types import InferenceRequest
+from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
+from .errors import status_of
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def json_response(document: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(dumps(document), status_code=status, media_type=JSON, headers=headers)
+
+
+def error_response(message: str, status: int) -> Response:
+    return json_response({"error": message}, status)
+
+
+def _model(request: Request) -> tuple[str, str | None]:
+    params = request.path_params
+    return params["model_name"], params.get("model_version") or None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing (413) one over ``limit`` bytes before reading past it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body of {declared} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class RestApi:
+    """The handlers; each one translates, calls the DataPlane, translates back."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self.max_request_size = dataplane.settings.max_request_size
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200) if self.dataplane.live() else error_response("Not live", 503)
+
+    async def ready(self, request: Request) -> Response:
+        if self.dataplane.ready():
+            return Response(status_code=200)
+        return error_response("The server is not ready", 503)
+
+    async def metadata(self, request: Request) -> Response:
+        return json_response(self.dataplane.metadata().model_dump(exclude_none=True))
+
+    async def model_metadata(self, request: Request) -> Response:
+        meta = await self.dataplane.model_metadata(*_model(request))
+        return json_response(meta.model_dump(mode="json", exclude_none=True))
+
+    async def model_ready(self, request: Request) -> Response:
+        name, version = _model(request)
+        if self.dataplane.model_ready(name, version):
+            return Response(status_code=200)
+        entry = self.dataplane.registry.find(name, version)
+        reason = f": {entry.reason}" if entry.reason else ""
+        return error_response(f"Model {name!r} is not ready ({entry.state.value}){reason}", 503)
+
+    async def infer(self, request: Request) -> Response:
+        name, version = _model(request)
+        inference_request = await self.read_inference_request(request, name, version)
+        response = await self.dataplane.infer(inference_request, name, version)
+        body, headers = encode_response(response, inference_request)
+        media = "application/octet-stream" if headers else JSON
+        return Response(body, media_type=media, headers=headers)
+
+    async def read_inference_request(
+        self, request: Request, name: str, version: str | None
+    ) -> InferenceRequest:
+        self.dataplane.check_model(name, version)
+        body = await read_body(request, self.max_request_size)
+        json_part, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        if binary is not None and len(json_part) == 0:
+            return raw_request(binary, self.dataplane.model_inputs(name, version))
+        return parse_request(json_part, binary)
+
+    def routes(self) -> list[BaseRoute]:
+        model = "/v2/models/{model_name}"
+        versioned = "/v2/models/{model_name}/versions/{model_version}"
+        routes: list[BaseRoute] = [
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/v2/health/ready", self.ready, methods=["GET"]),
+            Route("/v2", self.metadata, methods=["GET"]),
+            Route("/v2/", self.metadata, methods=["GET"]),
+        ]
+        for prefix in (model, versioned):
+            routes += [
+                Route(prefix, self.model_metadata, methods=["GET"]),
+                Route(prefix + "/ready", self.model_ready, methods=["GET"]),
+                Route(prefix + "/infer", self.infer, methods=["POST"]),
+            ]
+        return routes
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServerError)
+    return error_response(exc.message, status_of(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return json_response({"error": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    logger.exception("Unexpected error serving %s %s", request.method, request.url.path)
+    return error_response(f"Internal server error: {type(exc).__name__}: {exc}", 500)
+
+
+def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
+    """The ASGI application serving the OIP REST API over ``dataplane``."""
+    api = RestApi(dataplane)
+    return Starlette(
+        routes=api.routes() + (extra_routes or []),
+        exception_handlers={
+            ServerError: _server_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )

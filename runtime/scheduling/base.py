@@ -1,0 +1,43 @@
+"""The one interface every scheduling strategy implements.
+
+The DataPlane hands each request (or stream of requests) to the model's scheduler and never
+knows which strategy it is: direct (the default), adaptive batching, sequence batching or
+continuous batching. A scheduler owns any queues and tasks it needs; ``stop`` ends them after
+the work already accepted has finished.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..model import MLModel
+from ..settings import ModelSettings
+from ..types import InferenceRequest, InferenceResponse
+
+
+class Scheduler(abc.ABC):
+    """Decides when and with what the model's ``predict`` / ``predict_stream`` are called."""
+
+    def __init__(self, model: MLModel, settings: ModelSettings) -> None:
+        self.model = model
+        self.settings = settings
+
+    async def start(self) -> None:
+        """Start background tasks, if the strategy has any."""
+
+    async def stop(self) -> None:
+        """Finish accepted work and end background tasks."""
+
+    @abc.abstractmethod
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Serve one request and return its own response."""
+
+    @abc.abstractmethod
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        """Serve a stream of requests; cancelling the iteration must stop the model's work."""
+
+    def describe(self) -> dict[str, Any]:
+        """The strategy's settings, shown in model metadata."""
+        return {"scheduler": "direct"}

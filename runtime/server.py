@@ -1,0 +1,129 @@
+"""The server's lifecycle: load models, serve REST (and gRPC) in one event loop, drain, unload.
+
+On SIGTERM or SIGINT the server stops accepting connections, lets in-flight requests finish
+within ``shutdown_grace_period``, unloads every model and returns, so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from .dataplane import DataPlane
+from .registry import Registry
+from .repository import read_repository
+from .rest.app import create_app
+from .settings import ModelSettings, Settings
+
+logger = logging.getLogger("runtime.server")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the Server below owns the signals and the exit."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Server:
+    """One process serving the models of a repository over REST (and gRPC)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.registry = Registry()
+        self.dataplane = DataPlane(settings, self.registry)
+        self.http_port: int | None = None
+        self._http: _Uvicorn | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        if models is None:
+            models, broken = read_repository(self.settings.model_repository_root)
+            for path, reason in broken:
+                logger.error("Cannot read %s: %s", path, reason)
+        await asyncio.gather(*(self.registry.load(m) for m in models))
+
+    async def start(self, models: list[ModelSettings] | None = None) -> None:
+        """Load the models (unless told not to) and start listening."""
+        if self.settings.load_models_at_startup or models is not None:
+            await self.load_models(models)
+        app = create_app(self.dataplane)
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=self.settings.access_log,
+            root_path=self.settings.root_path,
+            timeout_graceful_shutdown=int(self.settings.shutdown_grace_period) or None,
+            http="httptools",
+            loop="none",
+            server_header=False,
+        )
+        sock = bind(self.settings.host, self.settings.http_port)
+        self.http_port = sock.getsockname()[1]
+        self._http = _Uvicorn(config)
+        config.load()
+        self._http.lifespan = config.lifespan_class(config)
+        await self._http.startup(sockets=[sock])
+        self._http_task = asyncio.create_task(self._run_http(sock))
+        self.dataplane.started = True
+        logger.info("HTTP server listening on http://%s:%d", self.settings.host, self.http_port)
+
+    async def _run_http(self, sock: socket.socket) -> None:
+        assert self._http is not None
+        await self._http.main_loop()
+        await self._http.shutdown(sockets=[sock])
+
+    def endpoints(self) -> str:
+        """``http=HOST:PORT`` (and ``grpc=HOST:PORT`` when gRPC is served), space-separated."""
+        return f"http={self.settings.host}:{self.http_port}"
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait(self) -> None:
+        await self._stopping.wait()
+
+    async def stop(self) -> None:
+        """Stop accepting, drain in-flight requests, unload models."""
+        self.dataplane.draining = True
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            await self._http_task
+        await self.registry.unload_all()
+        logger.info("Server stopped")
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+
+
+async def serve(settings: Settings) -> None:
+    """Run a server until SIGINT or SIGTERM, then shut it down cleanly."""
+    server = Server(settings)
+    server.install_signal_handlers()
+    await server.start()
+    # one machine-readable line that scripts and tests wait for
+    logger.info("mlserver-like ready: %s", server.endpoints())
+    await server.wait()
+    logger.info("Shutting down")
+    await server.stop()

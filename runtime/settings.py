@@ -1,0 +1,212 @@
+"""Server and model settings, with MLServer's field names.
+
+``Settings`` is read from ``settings.json`` (in the model folder or given with ``--settings``),
+``ModelSettings`` from each ``model-settings.json``. Environment variables fill what a file leaves
+out: ``MLSERVER_<FIELD>`` for the server, ``MLSERVER_MODEL_<FIELD>`` for a model (nested fields with
+``__``, e.g. ``MLSERVER_MODEL_PARAMETERS__URI``). Every field has a default and a docstring; the
+docstrings are the documentation, the JSON Schemas in ``schemas/`` and the CLI's ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .types import MetadataTensor
+from .version import __version__
+
+SETTINGS_FILENAME = "settings.json"
+MODEL_SETTINGS_FILENAME = "model-settings.json"
+ENV_PREFIX = "MLSERVER_"
+MODEL_ENV_PREFIX = "MLSERVER_MODEL_"
+
+
+class Settings(BaseSettings):
+    """Settings of the server (``settings.json``; environment prefix ``MLSERVER_``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        protected_namespaces=(),
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    debug: bool = False
+    """Log at DEBUG level and include tracebacks of model failures in the logs."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP and gRPC servers listen on. Use 0.0.0.0 to listen on every interface."""
+
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the REST server; 0 picks a free port (the chosen one is logged)."""
+
+    grpc_port: int = Field(default=8081, ge=0, le=65535)
+    """Port of the gRPC server; 0 picks a free port (the chosen one is logged)."""
+
+    root_path: str = ""
+    """Path prefix the REST API is served under, for proxies that strip or add one."""
+
+    server_name: str = "mlserver-like"
+    """Name reported by server metadata (GET /v2)."""
+
+    server_version: str = __version__
+    """Version reported by server metadata (GET /v2)."""
+
+    extensions: list[str] = []
+    """Extra protocol extensions to list in server metadata, beside those the server implements."""
+
+    model_repository_root: str = "."
+    """Folder searched, recursively, for model-settings.json files."""
+
+    load_models_at_startup: bool = True
+    """Load every model found in the repository when the server starts."""
+
+    logging_settings: str | dict[str, Any] | None = None
+    """A logging config (dictConfig) as a dict, or the path of a JSON file holding one."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Level of the server's own logs."""
+
+    access_log: bool = False
+    """Log every HTTP request (off by default: it costs throughput)."""
+
+    max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
+    """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
+
+    shutdown_grace_period: float = Field(default=30.0, ge=0)
+    """Seconds in-flight requests get to finish after SIGTERM/SIGINT before models are unloaded."""
+
+    grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
+    """Largest gRPC message sent or received, in bytes."""
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+        """Read a settings.json (if given and present), then apply overrides (e.g. from the CLI)."""
+        data: dict[str, Any] = {}
+        if path is not None and Path(path).is_file():
+            data = _read_json(Path(path))
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**data)
+        settings._source = Path(path) if path is not None else None
+        return settings
+
+
+class ModelParameters(BaseModel):
+    """Parameters of a model version (``parameters`` in model-settings.json)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), use_attribute_docstrings=True)
+
+    uri: str | None = None
+    """Where the model's artefact lies (a file or folder); relative paths are relative to the model's folder."""
+
+    version: str | None = None
+    """The version this model-settings.json serves; models of one name and several versions coexist."""
+
+    environment_path: str | None = None
+    """Accepted for compatibility with MLServer's settings; this server runs models in its own environment."""
+
+    format: str | None = None
+    """The artefact's format, for runtimes that serve more than one."""
+
+    content_type: str | None = None
+    """Default codec content type for requests that do not say one (e.g. ``np``, ``str``)."""
+
+    extra: dict[str, Any] = {}
+    """Free-form settings for the model's own code."""
+
+
+class ModelSettings(BaseSettings):
+    """Settings of one model (``model-settings.json``; environment prefix ``MLSERVER_MODEL_``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=MODEL_ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        protected_namespaces=(),
+        use_attribute_docstrings=True,
+        arbitrary_types_allowed=True,
+    )
+
+    name: str = ""
+    """Model name; defaults to the name of the folder holding model-settings.json."""
+
+    implementation: str | SkipJsonSchema[type] = "runtime.model.MLModel"
+    """Import path of the model class, e.g. ``model.EchoModel``; a first part naming a .py file in the
+    model's folder is loaded from there."""
+
+    platform: str = ""
+    """Platform reported in model metadata (e.g. ``pytorch_torchscript``)."""
+
+    versions: list[str] = []
+    """Versions reported in model metadata; the server fills it from the loaded versions when empty."""
+
+    inputs: list[MetadataTensor] = []
+    """Input tensors the model accepts. When given, requests are checked against them (names,
+    datatypes, shapes with -1 as any size)."""
+
+    outputs: list[MetadataTensor] = []
+    """Output tensors the model returns, for metadata."""
+
+    max_batch_size: int = Field(default=0, ge=0)
+    """Most requests merged into one batch; 0 or 1 turns batching off."""
+
+    max_batch_time: float = Field(default=0.0, ge=0)
+    """Most seconds the first request of a batch waits for others to join it."""
+
+    parameters: ModelParameters | None = None
+    """Parameters of this model version: uri, version, content_type, extra."""
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("implementation", mode="before")
+    @classmethod
+    def _implementation(cls, value: Any) -> Any:
+        if isinstance(value, type) or isinstance(value, str):
+            return value
+        raise ValueError("implementation must be an import path or a class")
+
+    @property
+    def version(self) -> str | None:
+        return self.parameters.version if self.parameters else None
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of the model-settings.json this came from, if any."""
+        return self._source.parent if self._source else None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ModelSettings:
+        path = Path(path)
+        data = _read_json(path)
+        data.setdefault("name", path.parent.name)
+        settings = cls(**data)
+        settings._source = path
+        return settings
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schemas of settings.json and model-settings.json, as written to schemas/."""
+    return {
+        "settings.schema.json": Settings.model_json_schema(),
+        "model-settings.schema.json": ModelSettings.model_json_schema(),
+    }

@@ -1,0 +1,178 @@
+"""The Open Inference Protocol's messages as pydantic models, with MLServer's names and fields.
+
+Transports translate their wire formats to and from these; the core and the models speak only
+these. A tensor's ``data`` may hold what the wire carried (a flat or nested list from JSON, raw
+little-endian bytes from binary or gRPC raw contents) until the DataPlane has checked it; from
+then on, and for everything a model receives, it is a numpy array of the tensor's shape
+(BYTES tensors: an object array of ``bytes``). Outputs may carry a numpy array or a list.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, RootModel
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True,
+        protected_namespaces=(),
+        use_enum_values=False,
+        validate_assignment=False,
+    )
+
+
+class Datatype(str, Enum):
+    """The tensor datatypes of the protocol (BF16 is Triton's addition)."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Parameters(_Base):
+    """Free-form parameters (request, tensor or response); unknown keys are kept as extra fields."""
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True, protected_namespaces=())
+
+    content_type: str | None = None
+    """How a codec should decode the tensor or request (e.g. ``np``, ``str``, ``base64``)."""
+    headers: dict[str, Any] | None = None
+    """Transport headers a model may want to read (filled by the REST transport when asked)."""
+
+
+class TensorData(RootModel[Any]):
+    """A tensor's data as MLServer models it; kept for code that imports the name."""
+
+
+class RequestInput(_Base):
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: Parameters | None = None
+    data: Any = None
+
+
+class RequestOutput(_Base):
+    name: str
+    parameters: Parameters | None = None
+
+
+class ResponseOutput(_Base):
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: Parameters | None = None
+    data: Any = None
+
+
+class InferenceRequest(_Base):
+    id: str | None = None
+    parameters: Parameters | None = None
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+
+
+class InferenceResponse(_Base):
+    model_name: str = ""
+    model_version: str | None = None
+    id: str | None = None
+    parameters: Parameters | None = None
+    outputs: list[ResponseOutput] = []
+
+
+class MetadataTensor(_Base):
+    name: str
+    datatype: Datatype
+    shape: list[int]
+    parameters: Parameters | None = None
+
+
+class MetadataModelResponse(_Base):
+    name: str
+    versions: list[str] | None = None
+    platform: str = ""
+    inputs: list[MetadataTensor] | None = None
+    outputs: list[MetadataTensor] | None = None
+    parameters: Parameters | None = None
+
+
+class MetadataServerResponse(_Base):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class MetadataServerErrorResponse(_Base):
+    error: str
+
+
+class MetadataModelErrorResponse(_Base):
+    error: str
+
+
+class InferenceErrorResponse(_Base):
+    error: str | None = None
+
+
+class State(str, Enum):
+    """A model version's state in the repository index."""
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+class RepositoryIndexRequest(_Base):
+    ready: bool | None = None
+
+
+class RepositoryIndexResponseItem(_Base):
+    name: str
+    version: str | None = None
+    state: State
+    reason: str = ""
+
+
+class RepositoryIndexResponse(RootModel[list[RepositoryIndexResponseItem]]):
+    pass
+
+
+__all__ = [
+    "Datatype",
+    "InferenceErrorResponse",
+    "InferenceRequest",
+    "InferenceResponse",
+    "MetadataModelErrorResponse",
+    "MetadataModelResponse",
+    "MetadataServerErrorResponse",
+    "MetadataServerResponse",
+    "MetadataTensor",
+    "Parameters",
+    "RepositoryIndexRequest",
+    "RepositoryIndexResponse",
+    "RepositoryIndexResponseItem",
+    "RequestInput",
+    "RequestOutput",
+    "ResponseOutput",
+    "State",
+    "TensorData",
+]

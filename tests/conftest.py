@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runtime.dataplane import DataPlane
+from runtime.registry import Registry
+from runtime.rest import create_app
+from runtime.settings import ModelSettings, Settings
+
+from .servers import RunningServer, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+TEST_MODELS = Path(__file__).resolve().parent / "models"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class InProcess:
+    """A DataPlane and its REST app in this process, for fast tests through httpx's ASGI transport."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.registry = Registry()
+        self.dataplane = DataPlane(self.settings, self.registry)
+        self.dataplane.started = True
+        self.app = create_app(self.dataplane)
+
+    async def load(self, *models: ModelSettings) -> None:
+        for model in models:
+            await self.registry.load(model)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test")
+
+
+@pytest.fixture
+async def inprocess() -> AsyncIterator[InProcess]:
+    server = InProcess()
+    yield server
+    await server.registry.unload_all()
+
+
+@pytest.fixture(scope="session")
+def example_server() -> Iterator[RunningServer]:
+    """The bundled examples served by a real server process, shared by the session's tests."""
+    server = start_server(EXAMPLES)
+    yield server
+    server.stop()
