@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"mlserver-like ready: (.*)$")
 
 
@@ -46,6 +47,23 @@ class RunningServer:
             self.log.extend(chunk.decode(errors="replace").splitlines())
         return "\n".join(self.log)
 
+    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
+        """Block until the server's log holds ``text`` (the server says so; no sleeping)."""
+        stream = self.process.stderr
+        assert stream is not None
+        if text in self.read_log():
+            return
+        selector = selectors.DefaultSelector()
+        selector.register(stream, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if selector.select(deadline - time.monotonic()) and text in self.read_log():
+                    return
+        finally:
+            selector.close()
+        raise TimeoutError(f"{text!r} not in the server log:\n{self.read_log()}")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -74,6 +92,7 @@ def start_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
+        cwd=ROOT,
     )
     assert process.stderr is not None
     log: list[str] = []

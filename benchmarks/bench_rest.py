@@ -1,0 +1,116 @@
+"""REST infer throughput of the echo model against a bare Starlette endpoint, start-up time and idle memory.
+
+    python3 benchmarks/bench_rest.py [--seconds 5] [--connections 16]
+
+Both servers run as separate processes on 127.0.0.1 with uvicorn, httptools and uvloop, and are
+loaded by the same client in one run. The bare endpoint parses the same JSON with orjson and
+answers the same JSON document; the ratio is mlserver-like / bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.loadgen import build_request, run_load  # noqa: E402
+from tests.servers import start_server  # noqa: E402
+
+BARE_APP = textwrap.dedent(
+    """
+    import socket, sys, uuid
+    import orjson, uvicorn, uvloop
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def infer(request):
+        body = orjson.loads(await request.body())
+        outputs = [
+            {"name": i["name"], "datatype": i["datatype"], "shape": i["shape"], "data": i["data"]}
+            for i in body["inputs"]
+        ]
+        doc = {"model_name": request.path_params["m"], "model_version": "1", "id": body.get("id") or str(uuid.uuid4()),
+               "outputs": outputs}
+        return Response(orjson.dumps(doc), media_type="application/json")
+
+    app = Starlette(routes=[Route("/v2/models/{m}/infer", infer, methods=["POST"])])
+    sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(2048)
+    print(sock.getsockname()[1], flush=True)
+    config = uvicorn.Config(app, log_config=None, access_log=False, http="httptools", loop="uvloop", lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+    """
+)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(port: int, body: bytes, connections: int, seconds: float):  # type: ignore[no-untyped-def]
+    import uvloop
+
+    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
+    return uvloop.run(run_load("127.0.0.1", port, request, connections, seconds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--elements", type=int, default=16, help="FP32 elements in the echoed tensor")
+    args = parser.parse_args()
+
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": [0.5] * args.elements}]}
+    )
+    examples = ROOT / "examples" / "models"
+
+    starts = []
+    for _ in range(3):
+        began = time.perf_counter()
+        probe = start_server(examples)
+        starts.append(time.perf_counter() - began)
+        probe.stop()
+    print(f"start to ready (median of 3): {statistics.median(starts):.2f} s  (target 1 s)")
+
+    server = start_server(examples)
+    bare = subprocess.Popen([sys.executable, "-c", BARE_APP], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bare.stdout is not None
+        bare_port = int(bare.stdout.readline())
+        port = int(server.http_address.rsplit(":", 1)[1])
+        idle = rss_mib(server.process.pid)
+        print(f"idle resident memory: {idle:.1f} MiB  (target 80 MiB)")
+        ours = measure(port, body, args.connections, args.seconds)
+        theirs = measure(bare_port, body, args.connections, args.seconds)
+        for label, r in (("mlserver-like", ours), ("bare starlette", theirs)):
+            print(
+                f"{label:>15}: {r.throughput:8.0f} req/s  p50 {r.percentile(0.5) * 1e3:6.2f} ms  "
+                f"p99 {r.percentile(0.99) * 1e3:6.2f} ms  errors {r.errors}"
+            )
+        print(f"ratio mlserver-like / bare: {ours.throughput / theirs.throughput:.2f}  (target >= 0.6)")
+    finally:
+        server.stop()
+        os.kill(bare.pid, signal.SIGTERM)
+        bare.wait()
+
+
+if __name__ == "__main__":
+    asyncio.set_event_loop_policy(None)
+    main()
