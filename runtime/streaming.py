@@ -183,6 +183,9 @@ class StreamSession:
         try:
             async for response in stream:
                 yield self.finish(response, self._answering(response), self.entry)
+                # a checkpoint between responses: a model that never awaits cannot starve the
+                # other streams, nor keep its consumer from noticing a disconnect or a cancellation
+                await asyncio.sleep(0)
         except Exception as exc:
             yield StreamError(sort_error(self.entry.name, exc), self.latest.id if self.latest else None)
         finally:

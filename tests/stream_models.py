@@ -54,7 +54,9 @@ class Words(MLModel):
         words = self._words(payload)
         return self._response(" ".join(words), "length")
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for payload in payloads:
             words = self._words(payload)
             fail_after = _int_param(payload, "fail_after")
@@ -68,14 +70,18 @@ class Words(MLModel):
 class Counter(MLModel):
     """Answers ``n`` (INT32) with the responses 0, 1, ..., n-1 (output ``i``), each its own event."""
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for payload in payloads:
             n = int(np.asarray(payload.inputs[0].data).reshape(-1)[0])
             for i in range(n):
                 await asyncio.sleep(0)
                 yield InferenceResponse(
                     model_name=self.name,
-                    outputs=[ResponseOutput(name="i", shape=[1], datatype="INT32", data=np.array([i], np.int32))],
+                    outputs=[
+                        ResponseOutput(name="i", shape=[1], datatype="INT32", data=np.array([i], np.int32))
+                    ],
                 )
 
 
@@ -97,7 +103,9 @@ class Endless(MLModel):
         self.holding = asyncio.Event()
         return True
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for payload in payloads:
             size = _int_param(payload, "size", 16) or 16
             chunk = np.array([b"x" * size], dtype=object)

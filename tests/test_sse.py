@@ -99,11 +99,26 @@ async def test_a_failure_mid_stream_is_an_error_event_that_ends_it(client: httpx
             400,
             "must be INT32",
         ),
-        ("/v2/models/words/generate_stream", {"text_input": "x", "parameters": {"reject": 1}}, 400, "rejected"),
+        (
+            "/v2/models/words/generate_stream",
+            {"text_input": "x", "parameters": {"reject": 1}},
+            400,
+            "rejected",
+        ),
         ("/v2/models/words/generate_stream", {"text_input": 3}, 400, "text_input"),
         ("/v2/models/words/generate_stream", {"text": "x"}, 400, "needs text_input"),
-        ("/v2/models/words/generate_stream", {"text_input": "x", "parameters": {"max_tokens": 0}}, 400, "max_tokens"),
-        ("/v2/models/words/generate", {"text_input": "x", "parameters": {"temperature": -1}}, 400, "temperature"),
+        (
+            "/v2/models/words/generate_stream",
+            {"text_input": "x", "parameters": {"max_tokens": 0}},
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v2/models/words/generate",
+            {"text_input": "x", "parameters": {"temperature": -1}},
+            400,
+            "temperature",
+        ),
         ("/v2/models/words/generate", [1, 2], 400, "needs text_input"),
     ],
 )
@@ -121,7 +136,9 @@ async def test_malformed_json_is_a_400(client: httpx.AsyncClient) -> None:
         assert response.status_code == 400 and "JSON" in response.json()["error"]
 
 
-async def test_generate_stream_streams_text_pieces_with_details_only_when_asked(client: httpx.AsyncClient) -> None:
+async def test_generate_stream_streams_text_pieces_with_details_only_when_asked(
+    client: httpx.AsyncClient,
+) -> None:
     status, events = await stream(client, "/v2/models/words/generate_stream", {"text_input": "the quick fox"})
     assert status == 200
     assert data(events) == [

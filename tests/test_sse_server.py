@@ -77,7 +77,9 @@ async def test_200_concurrent_streams_all_complete_and_in_order(streaming_server
         async with aconnect_sse(client, "POST", "/v2/models/words/generate_stream", json=body) as source:
             return [orjson.loads(event.data)["text_output"] async for event in source.aiter_sse()]
 
-    async with httpx.AsyncClient(base_url=streaming_server.http_url, limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(
+        base_url=streaming_server.http_url, limits=limits, timeout=timeout
+    ) as client:
         counted = [asyncio.ensure_future(one(client, k)) for k in range(100)]
         spoken = [asyncio.ensure_future(words(client, k)) for k in range(100)]
         results = await asyncio.gather(*counted)
@@ -101,7 +103,9 @@ async def test_disconnecting_clients_cancel_their_models_and_nothing_leaks() -> 
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
 
         async def leave_after(client: httpx.AsyncClient, events: int) -> None:
-            async with aconnect_sse(client, "POST", "/v2/models/endless/infer_stream", json=INFINITE) as source:
+            async with aconnect_sse(
+                client, "POST", "/v2/models/endless/infer_stream", json=INFINITE
+            ) as source:
                 seen = 0
                 async for _ in source.aiter_sse():
                     seen += 1

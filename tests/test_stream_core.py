@@ -57,7 +57,9 @@ class Doubler(MLModel):
             ],
         )
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         self.streams += 1
         async for response in super().predict_stream(payloads):
             yield response
@@ -66,7 +68,9 @@ class Doubler(MLModel):
 class ReadAhead(MLModel):
     """Reads every request first, then answers them in reverse order, tagging each by its id."""
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         taken = [payload async for payload in payloads]
         for payload in reversed(taken):
             yield InferenceResponse(
@@ -98,7 +102,9 @@ async def core(inprocess: InProcess) -> InProcess:
     return inprocess
 
 
-async def collect(stream: AsyncIterator[InferenceResponse | StreamError]) -> list[InferenceResponse | StreamError]:
+async def collect(
+    stream: AsyncIterator[InferenceResponse | StreamError],
+) -> list[InferenceResponse | StreamError]:
     return [item async for item in stream]
 
 
@@ -169,10 +175,19 @@ async def test_in_band_errors_are_tagged_and_the_stream_goes_on(core: InProcess)
     bad = InferenceRequest.model_validate(
         {"id": "bad", "inputs": [{"name": "x", "shape": [2], "datatype": "INT64", "data": [1]}]}
     )
-    requests = [bad, x_request(1, id="a"), x_request(-1, id="boom"), x_request(2, id="b"), bad, x_request(3, id="c")]
+    requests = [
+        bad,
+        x_request(1, id="a"),
+        x_request(-1, id="boom"),
+        x_request(2, id="b"),
+        bad,
+        x_request(3, id="c"),
+    ]
     items = await collect(core.dataplane.infer_stream_in_band(stream_of(*requests), "doubler"))
     summary = [
-        (item.request_id, type(item.error).__name__) if isinstance(item, StreamError) else (item.id, value(item, "y"))
+        (item.request_id, type(item.error).__name__)
+        if isinstance(item, StreamError)
+        else (item.id, value(item, "y"))
         for item in items
     ]
     assert summary == [

@@ -91,9 +91,7 @@ class StreamingApi:
                 except ValidationError as exc:
                     raise InvalidInput(validation_message(exc)) from None
             if not isinstance(document, dict) or "inputs" not in document:
-                raise InvalidInput(
-                    "A generate request needs text_input (or, as a tensor request, inputs)"
-                )
+                raise InvalidInput("A generate request needs text_input (or, as a tensor request, inputs)")
         return self.api.parse_inference_request(raw, header_length, name, version)
 
     def routes(self) -> list[BaseRoute]:
@@ -105,4 +103,3 @@ class StreamingApi:
                 Route(prefix + "/generate_stream", self.generate_stream, methods=["POST"]),
             ]
         return routes
-
