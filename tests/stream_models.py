@@ -101,6 +101,11 @@ class Endless(MLModel):
         self.all_closed = asyncio.Event()
         self.all_closed.set()
         self.holding = asyncio.Event()
+        self.active_at_unload: int | None = None
+        return True
+
+    async def unload(self) -> bool:
+        self.active_at_unload = self.active
         return True
 
     async def predict_stream(

@@ -38,15 +38,16 @@ def streaming_server() -> Iterator[RunningServer]:
 
 
 @asynccontextmanager
-async def serving(*models: ModelSettings) -> AsyncIterator[Server]:
+async def serving(*models: ModelSettings, grace: float = 5) -> AsyncIterator[Server]:
     """A real server in this event loop, on 127.0.0.1 and a free port."""
-    settings = Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=5)
+    settings = Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace)
     server = Server(settings)
     await server.start(list(models))
     try:
         yield server
     finally:
-        await server.stop()
+        if server.registry.entries():
+            await server.stop()
 
 
 def endless_model(server: Server) -> Endless:
@@ -192,3 +193,28 @@ async def test_a_slow_reader_holds_the_model_back() -> None:
                 await events.aclose()
         await asyncio.wait_for(model.all_closed.wait(), 30)
         assert model.cancelled == 1
+
+
+async def test_streams_still_open_at_shutdown_close_before_their_model_unloads() -> None:
+    """Race: the server stops while a stream runs; after the grace period the stream is cut, and
+    the model's generator is closed before the model is unloaded."""
+    async with serving(ModelSettings(name="endless", implementation=Endless), grace=1) as server:
+        model = endless_model(server)
+        url = f"http://127.0.0.1:{server.http_port}"
+        started = asyncio.Event()
+
+        async def read() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+                async with aconnect_sse(
+                    client, "POST", "/v2/models/endless/infer_stream", json=INFINITE
+                ) as source:
+                    async for _ in source.aiter_sse():
+                        started.set()
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.wait_for(started.wait(), 30)
+        await server.stop()
+        with pytest.raises(httpx.RemoteProtocolError):
+            await reader
+        assert (model.cancelled, model.active_at_unload) == (1, 0)
+        assert server.dataplane.streams.active == 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
-from typing import Final, Literal, TypedDict, TypeVar
+from typing import Any, Final, Literal, TypedDict, TypeVar
 
 import orjson
 from sse_starlette import EventSourceResponse
@@ -89,18 +89,26 @@ async def first_or_disconnect(request: Request, items: AsyncGenerator[T, None]) 
         await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         # this handler is cancelled (e.g. the server stops): stop the model and close the stream
-        first.cancel()
-        await asyncio.wait((first,))
-        await items.aclose()
+        await _abandon(first, items)
         raise
     finally:
         gone.cancel()
-    if not first.done():
-        first.cancel()
-        await asyncio.wait((first,))
-        await items.aclose()
-        return None
-    return first.result()
+    left = gone.done() and not gone.cancelled()
+    if left:
+        gone.exception()  # a failing receive counts as the client gone
+    if first.done() and not left:
+        return first.result()
+    await _abandon(first, items)
+    return None
+
+
+async def _abandon(first: asyncio.Future[Any], items: AsyncGenerator[Any, None]) -> None:
+    """Cancel the first step (the model sees CancelledError) and close the stream."""
+    first.cancel()
+    await asyncio.wait((first,))
+    if not first.cancelled():
+        first.exception()  # nobody is left to tell
+    await items.aclose()
 
 
 async def _first(items: AsyncGenerator[T, None]) -> T | _End:
