@@ -123,18 +123,17 @@ class DataPlane:
                     raise item.error
                 yield item
 
-    async def infer_stream_in_band(
+    def infer_stream_in_band(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
     ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
         """Like ``infer_stream``, but each request's error is yielded in band and the stream goes on.
 
         A request that fails its checks is answered by a ``StreamError`` (the model never sees it);
         when the model fails, the error is yielded and the requests after it are served by a fresh
-        call of its ``predict_stream``. Errors of the model or version themselves still raise.
+        call of its ``predict_stream``. Errors of the model or version themselves still raise
+        (at the first step, as with ``infer_stream``).
         """
-        async with aclosing(self._stream(requests, name, version, in_band=True)) as items:
-            async for item in items:
-                yield item
+        return self._stream(requests, name, version, in_band=True)
 
     # ------------------------------------------------------------------ generate extension
 

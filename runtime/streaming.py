@@ -178,6 +178,7 @@ class StreamSession:
         """One call of the model's stream, from ``first`` until it ends or fails."""
         assert self.entry.scheduler is not None
         self.input_error = None
+        self._taken(first)  # from here on, a failure of the model is reported for this request at least
         feed = self._feed(first)
         stream = self.entry.scheduler.stream(feed)
         try:
@@ -198,7 +199,6 @@ class StreamSession:
 
     async def _feed(self, first: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
         """What the model reads: checked requests; a bad one ends the input and is reported."""
-        self._taken(first)
         yield first
         while not self.exhausted:
             try:

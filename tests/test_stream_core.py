@@ -255,3 +255,41 @@ async def test_a_broken_request_source_ends_the_stream_with_its_error(core: InPr
     assert value(await anext(stream), "y") == 2  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="request 2"):
         await anext(stream)
+
+
+class Brittle(MLModel):
+    """Fails on x < 0; and from its second stream on, fails at once, before it reads anything."""
+
+    async def load(self) -> bool:
+        self.streams = 0
+        return True
+
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        self.streams += 1
+        if self.streams > 1:
+            raise RuntimeError("broken for good")
+        async for payload in payloads:
+            x = int(np.asarray(payload.inputs[0].data).reshape(-1)[0])
+            if x < 0:
+                raise RuntimeError("negative")
+            yield InferenceResponse(outputs=[ResponseOutput(name="y", shape=[1], datatype="INT64", data=[x])])
+
+
+async def test_a_model_that_fails_before_reading_is_reported_for_the_request_it_was_given(
+    inprocess: InProcess,
+) -> None:
+    await inprocess.load(ModelSettings(name="brittle", implementation=Brittle))
+    requests = [x_request(1, id="a"), x_request(-1, id="b"), x_request(2, id="c"), x_request(3, id="d")]
+    items = await collect(inprocess.dataplane.infer_stream_in_band(stream_of(*requests), "brittle"))
+    summary = [
+        (item.request_id, str(item.error)) if isinstance(item, StreamError) else (item.id, value(item, "y"))
+        for item in items
+    ]
+    assert summary == [
+        ("a", 1),
+        ("b", "Model 'brittle' failed: RuntimeError: negative"),
+        ("c", "Model 'brittle' failed: RuntimeError: broken for good"),
+        ("d", "Model 'brittle' failed: RuntimeError: broken for good"),
+    ]
