@@ -6,6 +6,8 @@ What it guarantees, whatever the transport:
 - **Pull, never push.** The model's generator is advanced only when the consumer asks for the next
   response, so a slow reader slows the model down instead of growing a buffer; the only buffers
   are the transport's own, which are bounded.
+- **Fair.** A stream gives the event loop a turn at least every millisecond, even when its model
+  never awaits, so it cannot starve other requests or keep a disconnect from being noticed.
 - **Cancellation reaches the model.** Closing the stream (``aclose``) or cancelling the task that
   iterates it closes the model's generator (GeneratorExit at its ``yield``) or cancels what it
   awaits (CancelledError), and the scheduler's slot with it. Nothing is left running.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -42,6 +45,9 @@ from .registry import ModelEntry
 from .types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
+
+CHECKPOINT_SECONDS = 0.001
+"""A stream gives the event loop a turn at least this often, whatever its model does."""
 
 RECENT_REQUESTS = 128
 """How many of a stream's latest requests a model may still answer by id (bounds memory per stream)."""
@@ -181,12 +187,15 @@ class StreamSession:
         self._taken(first)  # from here on, a failure of the model is reported for this request at least
         feed = self._feed(first)
         stream = self.entry.scheduler.stream(feed)
+        turn = time.monotonic()
         try:
             async for response in stream:
                 yield self.finish(response, self._answering(response), self.entry)
-                # a checkpoint between responses: a model that never awaits cannot starve the
-                # other streams, nor keep its consumer from noticing a disconnect or a cancellation
-                await asyncio.sleep(0)
+                # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never
+                # awaits cannot starve the other streams, nor hide a disconnect or a cancellation
+                if time.monotonic() - turn >= CHECKPOINT_SECONDS:
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
         except Exception as exc:
             yield StreamError(sort_error(self.entry.name, exc), self.latest.id if self.latest else None)
         finally:

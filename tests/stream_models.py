@@ -135,3 +135,22 @@ class Endless(MLModel):
                 self.active -= 1
                 if self.active == 0:
                     self.all_closed.set()
+
+
+class Spinner(MLModel):
+    """Streams forever without ever awaiting (a model that never gives the event loop a turn)."""
+
+    async def load(self) -> bool:
+        self.cancelled = 0
+        return True
+
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        async for _ in payloads:
+            try:
+                while True:
+                    yield InferenceResponse(model_name=self.name, outputs=[])
+            except (GeneratorExit, asyncio.CancelledError):
+                self.cancelled += 1
+                raise

@@ -15,7 +15,7 @@ from runtime.streaming import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, RequestOutput, ResponseOutput
 
 from .conftest import InProcess
-from .stream_models import Counter, Endless
+from .stream_models import Counter, Endless, Spinner
 
 pytestmark = pytest.mark.anyio
 
@@ -293,3 +293,24 @@ async def test_a_model_that_fails_before_reading_is_reported_for_the_request_it_
         ("c", "Model 'brittle' failed: RuntimeError: broken for good"),
         ("d", "Model 'brittle' failed: RuntimeError: broken for good"),
     ]
+
+
+async def test_a_model_that_never_awaits_cannot_starve_the_event_loop(inprocess: InProcess) -> None:
+    """Race: without the stream's own checkpoints this test never gets the loop back (and times out)."""
+    await inprocess.load(ModelSettings(name="spinner", implementation=Spinner))
+    pulled = 0
+
+    async def consume() -> None:
+        nonlocal pulled
+        async for _ in inprocess.dataplane.infer_stream(stream_of(InferenceRequest(inputs=[])), "spinner"):
+            pulled += 1
+
+    task = asyncio.create_task(consume())
+    for _ in range(3):
+        await asyncio.sleep(0.01)  # each of these needs the consumer to give the loop a turn
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    model = inprocess.registry.get("spinner").model
+    assert isinstance(model, Spinner) and model.cancelled == 1
+    assert pulled > 0 and inprocess.dataplane.streams.active == 0
