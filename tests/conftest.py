@@ -54,3 +54,9 @@ def example_server() -> Iterator[RunningServer]:
     server = start_server(EXAMPLES)
     yield server
     server.stop()
+
+
+# session fixtures of the gRPC tests (a server on a copy of tests/models/grpc)
+from .grpc_support import grpc_models, grpc_server  # noqa: E402
+
+__all__ = ["grpc_models", "grpc_server"]
