@@ -18,10 +18,9 @@ import pytest
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
-from .conftest import TEST_MODELS
 from .servers import RunningServer, start_server
 
-GRPC_MODELS = TEST_MODELS / "grpc"
+GRPC_MODELS = Path(__file__).resolve().parent / "models" / "grpc"
 MAX_MESSAGE = 1 << 20
 
 
