@@ -12,7 +12,7 @@ from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 from runtime.tensors import unpack_bytes
 
-from .grpc_support import MAX_MESSAGE, inference_stub, raw_request
+from .grpc_support import MAX_MESSAGE, inference_stub, raw_request, wait_for_log
 from .servers import RunningServer
 
 
@@ -212,3 +212,34 @@ def test_stream_answers_typed_requests_typed(stub) -> None:
 
 def test_half_closed_empty_stream_ends_cleanly(stub) -> None:
     assert list(stub.ModelStreamInfer(iter([]))) == []
+
+
+def test_response_headers_travel_as_trailing_metadata(stub) -> None:
+    request = raw_request("mirror", x=np.zeros(1, np.int32))
+    request.parameters["reply_header"].string_param = "hello"
+    response, call = stub.ModelInfer.with_call(request)
+    assert ("x-mirror", "hello") in call.trailing_metadata()
+    assert "headers" not in response.parameters and response.parameters["reply_header"].string_param == "hello"
+
+
+def held(request_id: str, hold_ms: int = 60_000) -> pb.ModelInferRequest:
+    request = stream_request("mirror", request_id, 0)
+    request.parameters["hold_ms"].int64_param = hold_ms
+    return request
+
+
+def test_a_cancelled_call_cancels_the_model(grpc_server, stub) -> None:
+    """Race guarded: the client goes away while the model works; the work must stop, not finish."""
+    call = stub.ModelInfer.future(held("unary-cancel"))
+    wait_for_log(grpc_server, "mirror holds request unary-cancel")
+    call.cancel()
+    wait_for_log(grpc_server, "mirror request unary-cancel was cancelled")
+
+
+def test_a_cancelled_stream_cancels_the_model(grpc_server, stub) -> None:
+    call = stub.ModelStreamInfer(iter([stream_request("mirror", "before", 1), held("stream-cancel")]))
+    assert next(call).id == "before"
+    wait_for_log(grpc_server, "mirror holds request stream-cancel")
+    call.cancel()
+    wait_for_log(grpc_server, "mirror request stream-cancel was cancelled")
+    assert stub.ServerReady(pb.ServerReadyRequest()).ready

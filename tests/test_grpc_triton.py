@@ -13,7 +13,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from .grpc_support import serving_copy
+from .grpc_support import serving_copy, wait_for_log
 from .servers import RunningServer
 
 
@@ -230,3 +230,18 @@ async def test_asyncio_client_streams(server) -> None:
         assert got == {f"a-{i}": [i] for i in range(4)}
     finally:
         await client.close()
+
+
+def test_cancelling_a_stream_cancels_its_requests(server, client) -> None:
+    """Race guarded: tritonclient cancels the stream while a request is inside the model."""
+    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer(
+            "mirror", [tensor("x", np.ones(1, np.float32))], request_id="held", parameters={"hold_ms": 60_000}
+        )
+        wait_for_log(server, "mirror holds request held")
+    finally:
+        client.stop_stream(cancel_requests=True)
+    wait_for_log(server, "mirror request held was cancelled")
+    assert client.is_server_ready()

@@ -132,13 +132,16 @@ async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.Servicer
     while first is not None:
         segment = _Segment(reader, first)
         name, version = first.model_name, first.model_version or None
+        requests = segment.requests()
         try:
-            async with _closing(dataplane.infer_stream(segment.requests(), name, version)) as responses:
+            async with _closing(dataplane.infer_stream(requests, name, version)) as responses:
                 async for response in responses:
                     await context.write(response_to_proto(response, segment.raw))
         except Exception as exc:
             await context.write(_mlserver_error(segment.current, exc))
             segment.next = segment.next or await reader.read()
+        finally:
+            await requests.aclose()
         first = segment.next
 
 

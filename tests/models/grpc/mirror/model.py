@@ -1,14 +1,15 @@
 """Mirror: every input comes back as an output, with its parameters, and the request's
 parameters come back as the response's. The request parameter ``fail`` makes it fail:
 ``input`` raises InvalidInput (the client's fault), ``model`` raises RuntimeError (the model's).
-``hold_ms`` makes it wait that long before answering, logging a line when it starts waiting."""
+``hold_ms`` makes it wait that long before answering, logging a line when it starts waiting and
+one if it is cancelled. ``reply_header`` asks it to answer with that value in the header x-mirror."""
 
 import asyncio
 import logging
 
 from runtime import MLModel
 from runtime.errors import InvalidInput
-from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
+from runtime.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
 
 logger = logging.getLogger("tests.mirror")
 
@@ -24,10 +25,17 @@ class Mirror(MLModel):
         hold = params.get("hold_ms")
         if hold:
             logger.warning("mirror holds request %s", payload.id)
-            await asyncio.sleep(hold / 1000)
+            try:
+                await asyncio.sleep(hold / 1000)
+            except asyncio.CancelledError:
+                logger.warning("mirror request %s was cancelled", payload.id)
+                raise
+        parameters = payload.parameters
+        if "reply_header" in params:
+            parameters = Parameters(**params, headers={"x-mirror": params["reply_header"]})
         return InferenceResponse(
             model_name=self.name,
-            parameters=payload.parameters,
+            parameters=parameters,
             outputs=[
                 ResponseOutput(
                     name=inp.name, shape=inp.shape, datatype=inp.datatype, parameters=inp.parameters, data=inp.data
