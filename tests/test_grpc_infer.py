@@ -58,6 +58,12 @@ def test_unknown_models_are_not_found(stub, rpc: str, request_) -> None:
     assert code is grpc.StatusCode.NOT_FOUND and "not found" in details
 
 
+def test_a_model_that_failed_to_load_is_unavailable(stub) -> None:
+    assert not stub.ModelReady(pb.ModelReadyRequest(name="broken")).ready
+    code, details = status_of(stub.ModelInfer, raw_request("broken", x=np.zeros(1, np.int8)))
+    assert code is grpc.StatusCode.UNAVAILABLE and "broken on purpose" in details
+
+
 # ---------------------------------------------------------------------- inference
 
 
@@ -65,7 +71,7 @@ def test_raw_request_is_answered_raw(stub) -> None:
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     flags = np.array([True, False])
     request = raw_request("mirror", "r-1", x=x, flags=flags)
-    text = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+    request.inputs.add(name="text", datatype="BYTES", shape=[2])
     request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x00\x00\x00\x00")
     response = stub.ModelInfer(request)
     assert (response.model_name, response.model_version, response.id) == ("mirror", "1", "r-1")
@@ -74,7 +80,6 @@ def test_raw_request_is_answered_raw(stub) -> None:
     assert np.array_equal(np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 3), x)
     assert np.frombuffer(response.raw_output_contents[1], np.bool_).tolist() == [True, False]
     assert unpack_bytes("text", response.raw_output_contents[2]).tolist() == [b"hi", b""]
-    del text
 
 
 def test_typed_request_is_answered_typed(stub) -> None:
