@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 import grpc
@@ -100,7 +100,7 @@ class _Segment:
         self.raw = bool(first.raw_input_contents)
         self.next: pb.ModelInferRequest | None = None
 
-    async def requests(self) -> AsyncIterator[InferenceRequest]:
+    async def requests(self) -> AsyncGenerator[InferenceRequest, None]:
         first = self.first
         name, version = first.model_name, first.model_version
         yield request_from_proto(first)
