@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """ModelInfer throughput of the echo model against a bare grpc.aio servicer, as a ratio.
 
-    python3 benchmarks/bench_grpc.py [--seconds 2] [--rounds 3] [--concurrency 16] [--elements 16] [--typed]
+    python3 benchmarks/bench_grpc.py [--seconds 1] [--rounds 8] [--concurrency 16] [--elements 16] [--typed]
 
 Two servers run as separate processes, each on uvloop: mlserver-like serving
 examples/models/echo, and a bare grpc.aio servicer (built on the same generated stubs) that
 answers every ModelInfer with the message the echo model's response becomes: the inputs as
 outputs, the raw contents as raw output contents, the request's id and the model's name and
 version. One client process drives both with the same load: ``--concurrency`` calls in flight on
-one channel, for ``--seconds`` per measurement, alternating between the servers for ``--rounds``
-rounds so that drift in the machine's load hits both alike. It prints requests per second, the
+one channel per server, for ``--seconds`` per measurement, alternating between the servers for
+``--rounds`` rounds so that drift in the machine's load hits both alike. It prints requests per second, the
 servers' CPU time per request, and the ratios (mlserver-like / bare): the throughput ratio of the
 averages and the median of the per-round ratios. On a busy machine the CPU time per request is
 the steadier figure: the client shares the machine with the server it drives.
@@ -80,39 +80,54 @@ def make_request(elements: int, typed: bool) -> pb.ModelInferRequest:
     return request
 
 
-async def load(address: str, request: pb.ModelInferRequest, concurrency: int, seconds: float) -> int:
-    async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
-        stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
-        response = await stub.ModelInfer(request)  # a correct answer before anything is counted
-        assert response.id == request.id and len(response.outputs) == len(request.inputs), response
-        deadline = time.monotonic() + seconds
-        done = 0
+async def load(
+    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, request: pb.ModelInferRequest, concurrency: int, seconds: float
+) -> int:
+    """Keep ``concurrency`` calls in flight for ``seconds``; return how many completed."""
+    deadline = time.monotonic() + seconds
+    done = 0
 
-        async def worker() -> None:
-            nonlocal done
-            while time.monotonic() < deadline:
-                await stub.ModelInfer(request)
-                done += 1
+    async def worker() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            await stub.ModelInfer(request)
+            done += 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
 
 
-def measure(address: str, pid: int, request: pb.ModelInferRequest, args: argparse.Namespace) -> tuple[float, float]:
-    """Requests per second and server CPU seconds per request."""
-    import uvloop
-
-    uvloop.run(load(address, request, args.concurrency, 0.5))  # warm-up
-    cpu, start = cpu_seconds(pid), time.monotonic()
-    count = uvloop.run(load(address, request, args.concurrency, args.seconds))
-    elapsed, cpu = time.monotonic() - start, cpu_seconds(pid) - cpu
-    return count / elapsed, cpu / max(count, 1)
+async def compare(
+    targets: dict[str, tuple[str, int]], request: pb.ModelInferRequest, args: argparse.Namespace
+) -> dict[str, list[tuple[float, float]]]:
+    """(requests per second, server CPU seconds per request) of each slice, by server."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    channels = {name: grpc.aio.insecure_channel(address, options=OPTIONS) for name, (address, _) in targets.items()}
+    try:
+        stubs = {name: dataplane_pb2_grpc.GRPCInferenceServiceStub(ch) for name, ch in channels.items()}
+        for name, stub in stubs.items():
+            response = await stub.ModelInfer(request)  # a correct answer before anything is counted
+            assert response.id == request.id and len(response.outputs) == len(request.inputs), (name, response)
+            await load(stub, request, args.concurrency, args.warmup)
+        for round_ in range(args.rounds):
+            order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
+            for name in order:
+                pid = targets[name][1]
+                cpu, start = cpu_seconds(pid), time.monotonic()
+                count = await load(stubs[name], request, args.concurrency, args.seconds)
+                elapsed, cpu = time.monotonic() - start, cpu_seconds(pid) - cpu
+                results[name].append((count / elapsed, cpu / max(count, 1)))
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    return results
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of one measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="measurements of each server")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of one measurement")
+    parser.add_argument("--rounds", type=int, default=8, help="measurements of each server")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring")
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements of the input tensor")
     parser.add_argument("--typed", action="store_true", help="send typed contents instead of raw")
@@ -140,12 +155,7 @@ def main() -> int:
             "bare": (f"127.0.0.1:{line.split(':')[1].strip()}", bare.pid),
             "mlserver-like": (ours.grpc_address, ours.process.pid),
         }
-        request = make_request(args.elements, args.typed)
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-        for round_ in range(args.rounds):
-            order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
-            for name in order:
-                results[name].append(measure(*targets[name], request, args))
+        results = uvloop.run(compare(targets, make_request(args.elements, args.typed), args))
     finally:
         if ours is not None:
             ours.stop()
@@ -161,8 +171,8 @@ def main() -> int:
         rps = sum(r for r, _ in runs) / len(runs)
         cpu = sum(c for _, c in runs) / len(runs)
         summary[name] = (rps, cpu)
-        each = ", ".join(f"{r:.0f}" for r, _ in runs)
-        print(f"  {name:14s} {rps:8.0f} req/s  (runs: {each})  server CPU {cpu * 1e6:6.1f} us/req")
+        low, high = min(r for r, _ in runs), max(r for r, _ in runs)
+        print(f"  {name:14s} {rps:8.0f} req/s  (runs {low:.0f}..{high:.0f})  server CPU {cpu * 1e6:6.1f} us/req")
     (ours_rps, ours_cpu), (bare_rps, bare_cpu) = summary["mlserver-like"], summary["bare"]
     per_round = sorted(o[0] / b[0] for o, b in zip(results["mlserver-like"], results["bare"], strict=True))
     print(

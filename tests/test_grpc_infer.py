@@ -248,3 +248,21 @@ def test_a_cancelled_stream_cancels_the_model(grpc_server, stub) -> None:
     call.cancel()
     wait_for_log(grpc_server, "mirror request stream-cancel was cancelled")
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
+
+
+def test_a_stream_model_sees_the_requests_of_its_stream(stub) -> None:
+    """Consecutive requests for one model feed one model stream; when the model stops reading,
+    the next request starts a new one. Each answer carries the id of the last request read."""
+
+    def part(request_id: str, value: float, last: bool = False) -> pb.ModelInferRequest:
+        request = raw_request("accumulate", request_id, x=np.array([value]))
+        if last:
+            request.parameters["last"].bool_param = True
+        return request
+
+    requests = [part("a", 1), part("b", 2), part("c", 3, last=True), part("d", 10), part("e", 20)]
+    responses = list(stub.ModelStreamInfer(iter(requests)))
+    assert [(r.id, np.frombuffer(r.raw_output_contents[0], np.float64).tolist()) for r in responses] == [
+        ("c", [6.0]),
+        ("e", [30.0]),
+    ]

@@ -245,3 +245,16 @@ def test_cancelling_a_stream_cancels_its_requests(server, client) -> None:
         client.stop_stream(cancel_requests=True)
     wait_for_log(server, "mirror request held was cancelled")
     assert client.is_server_ready()
+
+
+def test_each_triton_request_is_a_model_stream_of_its_own(client) -> None:
+    """Triton's streams are per request: a stream model sees one request and answers it alone."""
+    got = run_stream(
+        client,
+        [
+            {"model_name": "accumulate", "inputs": [tensor("x", np.array([float(v)]))], "request_id": f"r{v}"}
+            for v in (1, 2)
+        ],
+    )
+    answers = {r.get_response().id: (r.as_numpy("total").tolist(), final_flag(r)) for r, _ in got}
+    assert answers == {"r1": ([1.0], True), "r2": ([2.0], True)}

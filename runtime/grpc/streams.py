@@ -139,10 +139,11 @@ async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.Servicer
                     await context.write(response_to_proto(response, segment.raw))
         except Exception as exc:
             await context.write(_mlserver_error(segment.current, exc))
-            segment.next = segment.next or await reader.read()
         finally:
             await requests.aclose()
-        first = segment.next
+        # the next model stream starts with the request that named another model, or, after an
+        # error or a model that stopped reading early, with the next request of the call
+        first = segment.next or await reader.read()
 
 
 # ---------------------------------------------------------------------- Triton's format
