@@ -17,6 +17,7 @@ from ..errors import PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .errors import status_of
+from .repository import repository_routes
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
 
     api = RestApi(dataplane)
     return Starlette(
-        routes=api.routes() + StreamingApi(api).routes() + (extra_routes or []),
+        routes=api.routes() + StreamingApi(api).routes() + repository_routes(dataplane) + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,
             HTTPException: _http_error,
