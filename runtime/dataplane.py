@@ -23,6 +23,7 @@ from .types import (
     MetadataModelResponse,
     MetadataServerResponse,
     MetadataTensor,
+    Parameters,
     RequestInput,
 )
 
@@ -64,6 +65,9 @@ class DataPlane:
         meta = await entry.model.metadata()
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
+        if entry.scheduler is not None:  # how the model is scheduled, with every batching setting
+            own = meta.parameters.model_dump(exclude_none=True) if meta.parameters else {}
+            meta.parameters = Parameters(**{**entry.scheduler.describe(), **own})
         return meta
 
     def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
