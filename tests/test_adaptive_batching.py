@@ -12,7 +12,7 @@ from runtime.codecs import NumpyCodec
 from runtime.model import MLModel
 from runtime.scheduling import AdaptiveScheduler, DirectScheduler
 from runtime.settings import ModelSettings
-from runtime.types import InferenceRequest, InferenceResponse
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, ResponseOutput
 
 from .adaptive_helpers import (
     body,
@@ -248,3 +248,43 @@ async def test_unary_requests_on_a_stream_are_batched(inprocess: InProcess) -> N
     assert [r.id for r in seen] == ["0", "1", "2"]
     assert [r.outputs[0].data.reshape(-1).tolist() for r in seen] == [[0, 0], [2, 2], [4, 4]]
     assert all(r.parameters is not None and r.parameters.model_extra["batch_size"] == 1 for r in seen)
+
+
+class ListModel(MLModel):
+    """Returns its outputs as flat Python lists, as many hand-written models do."""
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = payload.inputs[0].data
+        return InferenceResponse(
+            model_name=self.name,
+            outputs=[
+                ResponseOutput(
+                    name="sum", shape=[x.shape[0], 1], datatype=Datatype.FP64, data=x.sum(axis=1).tolist()
+                ),
+                ResponseOutput(
+                    name="label",
+                    shape=[x.shape[0]],
+                    datatype=Datatype.BYTES,
+                    data=[f"row{v[0]:g}" for v in x],
+                ),
+            ],
+        )
+
+
+async def test_outputs_given_as_lists_are_split_by_rows(inprocess: InProcess) -> None:
+    await inprocess.load(
+        ModelSettings(name="lists", implementation=ListModel, max_batch_size=3, max_batch_time=30)
+    )
+    async with inprocess.client() as client:
+        responses = await asyncio.gather(
+            *(post(client, body([[i, 1.0]] * (i + 1)), name="lists") for i in range(3))
+        )
+    for i, response in enumerate(responses):
+        assert params(response)["batch_size"] == 3
+        assert output(response, "sum") == {
+            "name": "sum",
+            "datatype": "FP64",
+            "shape": [i + 1, 1],
+            "data": [i + 1.0] * (i + 1),
+        }
+        assert output(response, "label")["data"] == [f"row{i}"] * (i + 1)

@@ -106,6 +106,13 @@ class AdaptiveScheduler(Scheduler):
 
     async def start(self) -> None:
         self._former = asyncio.create_task(self._form_batches(), name=f"batches of {self.name}")
+        self._former.add_done_callback(self._former_done)
+
+    def _former_done(self, task: asyncio.Task[None]) -> None:
+        if not self._closing:  # it ended by itself: a bug; refuse work rather than queue it forever
+            self._closing = True
+            exc = None if task.cancelled() else task.exception()
+            logger.error("Batching of model %r stopped unexpectedly: %r", self.name, exc)
 
     async def stop(self) -> None:
         """Take no new requests; serve those queued (without waiting for batches to fill) and
@@ -137,13 +144,16 @@ class AdaptiveScheduler(Scheduler):
             self._wake()  # a new group (a new deadline) or a full one
         return await wait_for_response(self._queue, caller)
 
-    async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         """A streaming model streams as it would without batching; a unary model's requests,
         sent on a stream, are batched like any other."""
         if type(self.model).predict_stream is not MLModel.predict_stream:
-            async for response in self.model.predict_stream(requests):
-                yield response
-            return
+            return self.model.predict_stream(requests)
+        return self._each_batched(requests)
+
+    async def _each_batched(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             yield await self.infer(request)
 

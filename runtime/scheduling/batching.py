@@ -84,13 +84,13 @@ def batch_shape(request: InferenceRequest) -> BatchShape:
     inputs: list[tuple[Any, ...]] = []
     for inp in request.inputs:
         data = inp.data
-        if not isinstance(data, np.ndarray) or list(data.shape) != inp.shape:
+        if not isinstance(data, np.ndarray) or data.shape != tuple(inp.shape):
             inp.data = data = input_array(inp)  # normally done once by the DataPlane
         if not inp.shape or (rows >= 0 and inp.shape[0] != rows):
             return BatchShape(None, 1)
         rows = inp.shape[0]
         params = model_parameters(inp.parameters, CALLER_INPUT_PARAMETERS)
-        inputs.append((inp.name, inp.datatype.value, tuple(inp.shape[1:]), _key_of(params) if params else ()))
+        inputs.append((inp.name, inp.datatype, tuple(inp.shape[1:]), _key_of(params) if params else ()))
     if rows < 0:
         return BatchShape(None, 1)
     inputs.sort(key=_first)
