@@ -1,6 +1,6 @@
 """Adaptive batching against none, at 64 concurrent REST clients, for two torch MLPs.
 
-    python3 benchmarks/bench_adaptive.py [--clients 64] [--duration 4] [--max-batch-size 32] ...
+    python3 benchmarks/bench_adaptive.py [--clients 64] [--rounds 2] [--duration 2] [--max-batch-size 64] [--max-batch-time 0.02] ...
 
 One real server process (``mlserver-like start``, on 127.0.0.1 with a free port) serves four
 models: each MLP (256→1024→256 and 1024→4096→1024, the same seeded weights) once with adaptive
@@ -241,8 +241,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of batched and direct load")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds measured per model and round")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each measurement")
-    parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--max-batch-time", type=float, default=0.01, help="seconds")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-batch-time", type=float, default=0.02, help="seconds")
     parser.add_argument("--max-concurrent-batches", type=int, default=1)
     parser.add_argument(
         "--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
