@@ -1,18 +1,30 @@
 """Adaptive batching against none, at 64 concurrent REST clients, for two torch MLPs.
 
-    python3 benchmarks/bench_adaptive.py [--clients 64] [--rounds 2] [--duration 2] [--max-batch-size 64] [--max-batch-time 0.02] ...
+    python3 benchmarks/bench_adaptive.py [--clients 64] [--rounds 2] [--duration 2]
+        [--max-batch-size 32] [--max-batch-time 0.02] [--max-concurrent-batches 2]
+        [--torch-threads N] [--no-gc-freeze]
 
 One real server process (``mlserver-like start``, on 127.0.0.1 with a free port) serves four
-models: each MLP (256→1024→256 and 1024→4096→1024, the same seeded weights) once with adaptive
-batching and once without. For each model in turn, ``--clients`` closed-loop clients send
-one-row requests (binary tensor extension, as tritonclient does) for ``--duration`` seconds
-after a warm-up; the benchmark prints throughput, p50/p99 latency, the mean batch size and the
-median time of one batch's forward pass (the model reports it), then the ratios and targets.
+models: each MLP (256→1024→256 and 1024→4096→1024, weights from a fixed seed) once with adaptive
+batching and once without (``benchmarks/mlp_model.py``; the same code, so the same function). For
+each MLP, ``--clients`` closed-loop clients send one-row requests (binary tensor extension, as
+tritonclient does) for ``--rounds`` alternating rounds of batched and unbatched load of
+``--duration`` seconds each (after a warm-up), so that drift in the machine's load hits both. It
+prints throughput, p50/p99 latency, the mean batch size, the median time of one forward pass (the
+model reports it) and the server's CPU time per request, then the ratios and the targets:
+batched throughput >= 2x (256) and >= 5x (1024) the unbatched one, batched p99 <= max_batch_time
++ 2 x one batch's forward pass.
 
-The clients run in this process on asyncio streams with a minimal keep-alive HTTP/1.1 client,
-so that the load generator takes as little as possible of the machine's CPU from the server;
-the server is a separate process, as in production. Before the load, one request to each model
-pair checks that the batched and unbatched models compute the same rows.
+The clients run in this process on asyncio streams with a minimal keep-alive HTTP/1.1 client, so
+that the load generator takes as little CPU as possible from the server; the server is a separate
+process, as in production. Before the load, one request to each pair checks that the batched and
+unbatched models return the same rows.
+
+Defaults suit a 2-core machine: torch gets half the cores (the event loop needs the other), two
+batches of 32 may be in flight (one computing while the next is merged and handed to the model's
+thread), and the models call ``gc.freeze()`` once loaded (with torch loaded, a full collection of
+Python's cyclic GC walks some 250 000 objects and stalls every request for tens of milliseconds;
+``--no-gc-freeze`` shows the difference).
 """
 
 from __future__ import annotations
@@ -41,9 +53,7 @@ MLPS = {"mlp-256": (256, 1024), "mlp-1024": (1024, 4096)}
 TARGETS = {"mlp-256": 2.0, "mlp-1024": 5.0}
 
 
-def write_repository(
-    folder: Path, max_batch_size: int, max_batch_time: float, concurrent: int, threads: int | None
-) -> None:
+def write_repository(folder: Path, args: argparse.Namespace) -> None:
     for name, (width, hidden) in MLPS.items():
         for mode in ("batched", "direct"):
             model = folder / f"{name}-{mode}"
@@ -56,13 +66,15 @@ def write_repository(
                 "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, width]}],
                 "parameters": {"extra": {"in": width, "hidden": hidden, "seed": 0}},
             }
-            if threads:
-                settings["parameters"]["extra"]["threads"] = threads
+            if args.torch_threads:
+                settings["parameters"]["extra"]["threads"] = args.torch_threads
+            if args.gc_freeze:
+                settings["parameters"]["extra"]["gc_freeze"] = True
             if mode == "batched":
                 settings.update(
-                    max_batch_size=max_batch_size,
-                    max_batch_time=max_batch_time,
-                    max_concurrent_batches=concurrent,
+                    max_batch_size=args.max_batch_size,
+                    max_batch_time=args.max_batch_time,
+                    max_concurrent_batches=args.max_concurrent_batches,
                 )
             (model / "model-settings.json").write_text(json.dumps(settings, indent=2))
 
@@ -241,28 +253,33 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of batched and direct load")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds measured per model and round")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each measurement")
-    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-batch-time", type=float, default=0.02, help="seconds")
-    parser.add_argument("--max-concurrent-batches", type=int, default=1)
+    parser.add_argument("--max-concurrent-batches", type=int, default=2)
     parser.add_argument(
-        "--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+        "--torch-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="torch intra-op threads (default: half the CPUs; the other half serves HTTP)",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the models call gc.freeze() once loaded (what the server could do after loading models)",
     )
     args = parser.parse_args()
     print(
         f"{args.clients} clients, {args.rounds} x {args.duration:g} s per model after {args.warmup:g} s warm-ups; "
         "batching: "
         f"max_batch_size {args.max_batch_size}, max_batch_time {args.max_batch_time * 1000:g} ms, "
-        f"max_concurrent_batches {args.max_concurrent_batches}; {os.cpu_count()} CPUs, "
+        f"max_concurrent_batches {args.max_concurrent_batches}; torch threads {args.torch_threads}; "
+        f"gc.freeze() {'on' if args.gc_freeze else 'off'}; "
+        f"{os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as folder:
-        write_repository(
-            Path(folder),
-            args.max_batch_size,
-            args.max_batch_time,
-            args.max_concurrent_batches,
-            args.torch_threads,
-        )
+        write_repository(Path(folder), args)
         env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
         server = start_server(folder, timeout=120.0, env=env)
         try:
