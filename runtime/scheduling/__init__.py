@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from ..model import MLModel
 from ..settings import ModelSettings
+from .adaptive import AdaptiveScheduler
 from .base import Scheduler
 from .direct import DirectScheduler
 
 
 def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
-    """The scheduler a model's settings ask for (direct when nothing else is asked)."""
+    """The scheduler a model's settings ask for: adaptive batching when ``max_batch_size`` > 1
+    and ``max_batch_time`` > 0 (as in MLServer), else direct."""
+    if settings.max_batch_size > 1 and settings.max_batch_time > 0:
+        return AdaptiveScheduler(model, settings)
     return DirectScheduler(model, settings)
 
 
-__all__ = ["DirectScheduler", "Scheduler", "make_scheduler"]
+__all__ = ["AdaptiveScheduler", "DirectScheduler", "Scheduler", "make_scheduler"]
