@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from .adaptive_helpers import body
 from .conftest import TEST_MODELS
@@ -54,3 +57,29 @@ async def test_a_real_server_batches_callers_and_survives_one_that_disconnects(
         meta = (await client.get(MODEL)).json()
         assert meta["parameters"]["scheduler"] == "adaptive"
     assert "Traceback" not in batching_server.read_log()
+
+
+def test_grpc_callers_share_a_batch_and_get_their_own_rows(batching_server: RunningServer) -> None:
+    """The same batching over gRPC (tritonclient's client): four concurrent callers, one batch."""
+    client = grpcclient.InferenceServerClient(batching_server.grpc_address)
+    results: list = []
+    done = threading.Event()
+
+    def callback(result, error) -> None:  # type: ignore[no-untyped-def]
+        results.append((result, error))
+        if len(results) == 4:
+            done.set()
+
+    for i in range(4):
+        inp = grpcclient.InferInput("x", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.array([[i, -i]], dtype=np.float32))
+        client.async_infer("adaptive-rows", [inp], callback, request_id=f"g{i}")
+    assert done.wait(60)
+    seen = {}
+    for result, error in results:
+        assert error is None, error
+        response = result.get_response()
+        seen[response.id] = result.as_numpy("y").tolist()
+        assert response.parameters["batch_size"].int64_param == 4
+    assert seen == {f"g{i}": [[float(i), float(-i)]] for i in range(4)}
+    client.close()
