@@ -6,15 +6,19 @@ folder of them with ``mlserver-like start FOLDER``.
 
 from . import codecs, errors, types
 from .codecs import decode_args
+from .continuous import ContinuousModel, StepResult, Stream
 from .model import MLModel
 from .settings import ModelParameters, ModelSettings, Settings
 from .version import __version__
 
 __all__ = [
+    "ContinuousModel",
     "MLModel",
     "ModelParameters",
     "ModelSettings",
     "Settings",
+    "StepResult",
+    "Stream",
     "__version__",
     "codecs",
     "decode_args",

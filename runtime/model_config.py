@@ -25,7 +25,8 @@ def _tensor(tensor: MetadataTensor, batched: bool) -> dict[str, Any]:
 
 def model_config(settings: ModelSettings, scheduler: dict[str, Any]) -> dict[str, Any]:
     """The model's configuration in Triton's JSON form; ``scheduler`` is its scheduler's description."""
-    batched = settings.max_batch_size > 1
+    # a continuous model's max_batch_size counts streams, not rows of a batch dimension
+    batched = settings.max_batch_size > 1 and scheduler.get("scheduler") != "continuous"
     config: dict[str, Any] = {
         "name": settings.name,
         "platform": settings.platform,
@@ -34,6 +35,8 @@ def model_config(settings: ModelSettings, scheduler: dict[str, Any]) -> dict[str
         "input": [_tensor(t, batched) for t in settings.inputs],
         "output": [_tensor(t, batched) for t in settings.outputs],
     }
+    if scheduler.get("scheduler") == "continuous":
+        config["model_transaction_policy"] = {"decoupled": True}  # Triton's name for a streaming model
     if scheduler.get("scheduler") == "adaptive":
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": int(settings.max_batch_time * 1_000_000),

@@ -196,7 +196,8 @@ class ModelSettings(BaseSettings):
     """Output tensors the model returns, for metadata."""
 
     max_batch_size: int = Field(default=0, ge=0)
-    """Most requests merged into one batch; 0 or 1 turns batching off."""
+    """Most requests merged into one batch; 0 or 1 turns batching off. With continuous batching:
+    the most streams running together (0 counts as 1)."""
 
     max_batch_time: float = Field(default=0.0, ge=0)
     """Most seconds the first request of a batch waits for others to join it. Adaptive batching
@@ -215,6 +216,12 @@ class ModelSettings(BaseSettings):
     """Most seconds a request waits in the batching queue before it gets 503; 0: no limit
     (Triton's ``default_timeout_microseconds``, in seconds). A request's own OIP ``timeout``
     parameter (microseconds) can shorten it, not lengthen it."""
+
+    continuous_batching: bool = False
+    """Serve the model's streams with continuous batching: at most ``max_batch_size`` streams run
+    together and advance one step at a time (the model subclasses ``runtime.ContinuousModel`` and
+    implements ``step``); finished streams leave and waiting ones join at every step. Streams wait to
+    join in a queue of at most ``max_queue_size``, for at most ``queue_timeout`` seconds."""
 
     parameters: ModelParameters | None = None
     """Parameters of this model version: uri, version, content_type, extra."""

@@ -15,10 +15,13 @@ from .conftest import ROOT
 
 def test_top_level_api_is_pinned() -> None:
     assert sorted(runtime.__all__) == [
+        "ContinuousModel",
         "MLModel",
         "ModelParameters",
         "ModelSettings",
         "Settings",
+        "StepResult",
+        "Stream",
         "__version__",
         "codecs",
         "decode_args",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from types import ModuleType
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import orjson
@@ -87,7 +88,8 @@ def test_a_tensor_request_streams_inference_responses(textgen_server: RunningSer
     assert response.status_code == 200
     events = [orjson.loads(block[6:]) for block in response.text.split("\r\n\r\n") if block]
     assert len(events) == 5 and {event["id"] for event in events} == {"t-1"}
-    assert events[-1]["parameters"] == {"finish_reason": "length"}
+    # served with continuous batching: every chunk also says how many streams shared its step
+    assert events[-1]["parameters"] == {"finish_reason": "length", "batch_size": 1, "step_id": ANY}
     bad = {**body, "parameters": {"max_tokens": 0}}
     response = httpx.post(f"{textgen_server.http_url}/v2/models/textgen/infer_stream", json=bad, timeout=60)
     assert response.status_code == 400 and "max_tokens" in response.json()["error"]

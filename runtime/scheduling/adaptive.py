@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
-class _Caller(Waiter):
+class _Caller(Waiter[InferenceResponse]):
     rows: int = 1
     alone: bool = False
     """The request cannot be merged with any other; it is a batch of its own."""
@@ -211,7 +211,7 @@ class AdaptiveScheduler(Scheduler):
         if self._waker is not None:
             _wake_up(self._waker)
 
-    def _launch(self, callers: list[Waiter]) -> None:
+    def _launch(self, callers: list[Waiter[InferenceResponse]]) -> None:
         batch_id = next(self._batch_ids)
         task = asyncio.create_task(self._run_batch(batch_id, callers), name=f"{self.name} batch {batch_id}")
         self._running.add(task)  # keeps a reference until it is done
@@ -226,7 +226,7 @@ class AdaptiveScheduler(Scheduler):
 
     # ------------------------------------------------------------------ running batches
 
-    async def _run_batch(self, batch_id: int, callers: Sequence[Waiter]) -> None:
+    async def _run_batch(self, batch_id: int, callers: Sequence[Waiter[InferenceResponse]]) -> None:
         live = [c for c in callers if not c.future.done()]  # drop callers that went away
         if not live:
             return
@@ -255,7 +255,7 @@ class AdaptiveScheduler(Scheduler):
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))
 
-    async def _predict(self, batch_id: int, callers: list[Waiter]) -> list[InferenceResponse]:
+    async def _predict(self, batch_id: int, callers: list[Waiter[InferenceResponse]]) -> list[InferenceResponse]:
         first = callers[0]
         if isinstance(first, _Caller) and first.alone:
             response = await self.model.predict(first.request)

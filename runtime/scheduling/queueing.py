@@ -3,7 +3,8 @@
 The machinery every queueing strategy shares (adaptive batching groups requests by shape,
 sequence batching by sequence id):
 
-- a :class:`Waiter` is one caller: its request, the future its response arrives on, when it
+- a :class:`Waiter` is one caller: its request, the future its response arrives on (or, for
+  continuous batching, the future that says its stream has joined the running set), when it
   arrived (``time.monotonic()``) and the group it waits in;
 - a :class:`WaitQueue` holds waiters in FIFO groups, bounded in total (``max_queue_size``: a
   caller beyond it gets :class:`~runtime.errors.Overloaded` at once) and expires those that wait
@@ -23,6 +24,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from ..errors import InvalidInput, Overloaded, QueueTimeout
 from ..types import InferenceRequest, InferenceResponse
@@ -30,15 +32,17 @@ from ..types import InferenceRequest, InferenceResponse
 # Triton's request parameter bounding the wait in the queue, in microseconds
 TIMEOUT_PARAMETER = "timeout"
 
+R = TypeVar("R")
+
 
 @dataclass(eq=False)
-class Waiter:
+class Waiter(Generic[R]):
     """One caller waiting in a queue (compared by identity)."""
 
     request: InferenceRequest
     key: Hashable
     """The group this caller waits in (requests of one group may be served together)."""
-    future: asyncio.Future[InferenceResponse]
+    future: asyncio.Future[R]
     arrival: float = field(default_factory=time.monotonic)
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
@@ -76,7 +80,7 @@ class WaitQueue:
     def __init__(self, max_size: int, model: str) -> None:
         self.max_size = max_size
         self.model = model
-        self._groups: dict[Hashable, dict[Waiter, None]] = {}
+        self._groups: dict[Hashable, dict[Waiter[Any], None]] = {}
         self._size = 0
 
     def __len__(self) -> int:
@@ -86,7 +90,7 @@ class WaitQueue:
         group = self._groups.get(key)
         return len(group) if group else 0
 
-    def put(self, waiter: Waiter, timeout: float | None = None) -> int:
+    def put(self, waiter: Waiter[Any], timeout: float | None = None) -> int:
         """Queue a waiter (expiring after ``timeout`` seconds); return its group's new size."""
         if self._size >= self.max_size:
             raise Overloaded(
@@ -102,7 +106,7 @@ class WaitQueue:
             waiter.timer = asyncio.get_running_loop().call_later(delay, self._expire, waiter, timeout)
         return len(group)
 
-    def discard(self, waiter: Waiter) -> bool:
+    def discard(self, waiter: Waiter[Any]) -> bool:
         """Take a waiter out of the queue; False if it was not queued (taken or gone already)."""
         group = self._groups.get(waiter.key)
         if group is None or waiter not in group:
@@ -114,16 +118,16 @@ class WaitQueue:
         _cancel_timer(waiter)
         return True
 
-    def heads(self) -> Iterator[tuple[Hashable, Waiter, int]]:
+    def heads(self) -> Iterator[tuple[Hashable, Waiter[Any], int]]:
         """Each group's key, oldest waiter and size, in the order the groups appeared."""
         for key, group in self._groups.items():
             yield key, next(iter(group)), len(group)
 
-    def take(self, key: Hashable, limit: int) -> list[Waiter]:
+    def take(self, key: Hashable, limit: int) -> list[Waiter[Any]]:
         """Remove and return up to ``limit`` of the oldest waiters of a group (dropping any whose
         future is already done: a caller that went away)."""
         group = self._groups.get(key)
-        taken: list[Waiter] = []
+        taken: list[Waiter[Any]] = []
         while group and len(taken) < limit:
             waiter = next(iter(group))
             del group[waiter]
@@ -135,7 +139,7 @@ class WaitQueue:
             del self._groups[key]
         return taken
 
-    def drain(self) -> list[Waiter]:
+    def drain(self) -> list[Waiter[Any]]:
         """Remove and return every waiter."""
         waiters = [w for group in self._groups.values() for w in group]
         for waiter in waiters:
@@ -144,7 +148,7 @@ class WaitQueue:
         self._size = 0
         return waiters
 
-    def _expire(self, waiter: Waiter, timeout: float) -> None:
+    def _expire(self, waiter: Waiter[Any], timeout: float) -> None:
         waiter.timer = None
         if self.discard(waiter) and not waiter.future.done():
             waited = time.monotonic() - waiter.arrival
@@ -156,13 +160,13 @@ class WaitQueue:
             )
 
 
-def _cancel_timer(waiter: Waiter) -> None:
+def _cancel_timer(waiter: Waiter[Any]) -> None:
     if waiter.timer is not None:
         waiter.timer.cancel()
         waiter.timer = None
 
 
-async def wait_for_response(queue: WaitQueue, waiter: Waiter) -> InferenceResponse:
+async def wait_for_response(queue: WaitQueue, waiter: Waiter[InferenceResponse]) -> InferenceResponse:
     """Wait for a queued caller's response. Cancelling the caller cancels its future (so no batch
     will set it) and takes it out of the queue if it is still there."""
     try:
@@ -172,14 +176,14 @@ async def wait_for_response(queue: WaitQueue, waiter: Waiter) -> InferenceRespon
         raise
 
 
-def resolve(waiters: Iterable[Waiter], responses: Sequence[InferenceResponse]) -> None:
+def resolve(waiters: Iterable[Waiter[InferenceResponse]], responses: Sequence[InferenceResponse]) -> None:
     """Give each waiter its response, unless its caller went away (its future is done)."""
     for waiter, response in zip(waiters, responses, strict=True):
         if not waiter.future.done():
             waiter.future.set_result(response)
 
 
-def reject(waiters: Iterable[Waiter], error: Callable[[], BaseException]) -> None:
+def reject(waiters: Iterable[Waiter[Any]], error: Callable[[], BaseException]) -> None:
     """Fail every waiter whose future is not done yet, each with its own exception from ``error``
     (one instance raised in many tasks would gather all their tracebacks)."""
     for waiter in waiters:

@@ -1,0 +1,106 @@
+"""The callers of the continuous batcher: each call's items in order, each stream's entry.
+
+A *call* is one ``infer`` or one iteration of ``stream`` (an SSE response, a gRPC
+``ModelStreamInfer`` call): the stepper pushes what the call's streams produce (chunks, their
+ends, their errors) into the call's items, and the call's reader takes them in that order. An
+*entry* is one stream from its arrival to its end: it waits in the queue as a
+:class:`~.queueing.Waiter` whose future is done once it has joined the running set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..continuous import Stream
+from ..types import InferenceResponse, Parameters
+from .queueing import Waiter
+
+STREAM_BUFFER: Final = 8
+"""Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""
+
+CALL_WINDOW: Final = 64
+"""How far (in requests) one call may read past its oldest unfinished request."""
+
+CHUNK, END, ERROR, READ_END, READ_FAILED = range(5)
+"""The kinds of a call's items: a chunk, a stream's end, a stream's error, the end of the
+requests, the failure of the requests' iterator."""
+
+Item = tuple[int, "Entry | None", Any]
+
+
+class Call:
+    """One caller of the scheduler (an ``infer`` or a ``stream`` iteration): what its streams produce,
+    in order, and its streams that have not finished."""
+
+    __slots__ = ("items", "open", "reading", "room", "taken", "waker")
+
+    def __init__(self) -> None:
+        self.items: deque[Item] = deque()
+        self.waker: asyncio.Future[None] | None = None
+        self.open: dict[Entry, None] = {}
+        self.reading = True
+        self.room: asyncio.Future[None] | None = None
+        self.taken = 0
+
+    def push(self, item: Item) -> None:
+        self.items.append(item)
+        if self.waker is not None and not self.waker.done():
+            self.waker.set_result(None)
+
+    async def get(self) -> Item:
+        while not self.items:
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        return self.items.popleft()
+
+    def close(self, entry: Entry | None) -> None:
+        if entry is not None and self.open.pop(entry, False) is None:
+            if self.room is not None and not self.room.done():
+                self.room.set_result(None)
+
+    async def wait_for_room(self, index: int) -> None:
+        while self.open and next(iter(self.open)).index <= index - CALL_WINDOW:
+            self.room = asyncio.get_running_loop().create_future()
+            try:
+                await self.room
+            finally:
+                self.room = None
+
+
+@dataclass(eq=False)
+class Entry(Waiter[None]):
+    """One stream from its arrival to its end; its future is done once it has joined the running set."""
+
+    stream: Stream = field(default=None, repr=False)  # type: ignore[assignment]
+    call: Call = field(default=None, repr=False)  # type: ignore[assignment]
+    index: int = 0
+    collect: bool = False
+    """A unary request: keep the chunks and answer with them combined."""
+    chunks: list[InferenceResponse] = field(default_factory=list, repr=False)
+    started: bool = False
+    """``start_stream`` succeeded: ``end_stream`` is owed."""
+    gone: bool = False
+    """Its caller went away while it was running: drop it before the next step."""
+    ended: bool = False
+    unread: int = 0
+    last: tuple[int, int] = (0, 0)
+    """The (batch_size, step_id) of its latest step."""
+
+
+def stamp(response: InferenceResponse, entry: Entry) -> None:
+    """Tag a chunk with its stream's id and the size and id of its step."""
+    size, step_id = entry.last
+    response.id = entry.stream.id
+    params = response.parameters
+    if params is None:
+        extra: dict[str, Any] = {"batch_size": size, "step_id": step_id}
+        response.parameters = Parameters(**extra)
+    else:
+        params.batch_size = size  # type: ignore[attr-defined]  # extra fields are allowed
+        params.step_id = step_id  # type: ignore[attr-defined]

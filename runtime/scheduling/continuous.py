@@ -1,0 +1,407 @@
+"""Continuous batching: streams join and leave a running batch at every step.
+
+On when a model's settings have ``continuous_batching: true``; the model subclasses
+:class:`runtime.ContinuousModel` (see that module for the model's side). How it behaves:
+
+- **One running set** of at most ``max_batch_size`` streams (at least 1). One task, the stepper,
+  makes every model call, one at a time: ``start_stream`` for the streams that join,
+  ``step`` for the running ones, ``end_stream`` for those that left.
+- **Joining.** A new stream waits in a bounded FIFO queue (``max_queue_size``: beyond it, 503 at
+  once; ``queue_timeout`` or the request's OIP ``timeout`` parameter: 503 when it passes) and
+  joins at the next step that has a free slot: when there is room, a stream that arrives during a
+  step takes part in the very next one, and it never waits for a batch to fill.
+- **Leaving.** A stream leaves the set after the step that finished it, failed it, or after its
+  client went away: a stream whose caller closes or cancels its iteration (a client disconnect,
+  a cancelled gRPC call) is dropped before the next step, and its slot is free for that step;
+  a chunk the model produced for it meanwhile is discarded.
+- **Isolation.** ``StepResult(error=...)`` ends one stream with that error (in band, after its
+  earlier chunks) and the others go on. If ``step`` itself raises, each stream of that step is run
+  again alone, so that only the streams that fail alone end with the error.
+- **Order and back-pressure.** Each caller gets its own chunks, in the order the model produced
+  them. A stream whose reader has not taken ``STREAM_BUFFER`` of its chunks sits out the next
+  steps (it keeps its slot) until the reader catches up, so a slow client never grows a buffer.
+- **Observability.** Every chunk carries the response parameters ``batch_size`` (how many streams
+  shared its step) and ``step_id`` (counting from 1 per loaded model). A unary request runs as a
+  stream and is answered with its chunks combined (``ContinuousModel.combine``), carrying those
+  of its last step.
+- **Several requests on one stream** (a gRPC ``ModelStreamInfer`` call in MLServer's format) are
+  read ahead and run concurrently, each as its own stream, their chunks interleaved and each
+  tagged with its request's id. A call reads no further than ``CALL_WINDOW`` requests past its
+  oldest unfinished one (then gRPC's flow control holds the client back).
+- **Stopping** refuses new streams (503), lets the running and waiting ones finish, then ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+
+from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
+from ..errors import ModelFailed, ModelNotReady, ServerError, ShuttingDown
+from ..model import MLModel
+from ..settings import ModelSettings
+from ..types import InferenceRequest, InferenceResponse
+from .base import Scheduler
+from .callers import (
+    CHUNK,
+    END,
+    ERROR,
+    READ_END,
+    READ_FAILED,
+    STREAM_BUFFER,
+    Call,
+    Entry,
+    stamp,
+)
+from .queueing import WaitQueue, queue_timeout
+
+logger = logging.getLogger(__name__)
+
+
+class ContinuousScheduler(Scheduler):
+    """Streams advanced together, step by step; see the module's docstring."""
+
+    def __init__(self, model: MLModel, settings: ModelSettings) -> None:
+        super().__init__(model, settings)
+        if not isinstance(model, ContinuousModel):
+            raise TypeError(
+                f"{type(model).__qualname__} is served with continuous_batching, so it must subclass "
+                "runtime.ContinuousModel and implement step"
+            )
+        self.stepping: ContinuousModel = model
+        self.max_streams = max(1, settings.max_batch_size)
+        self._queue = WaitQueue(settings.max_queue_size, settings.name)
+        self._running: dict[Entry, None] = {}
+        self._wakeup = asyncio.Event()
+        self._stepper: asyncio.Task[None] | None = None
+        self._closing = False
+        self._step_ids = itertools.count(1)
+        self._async_step = inspect.iscoroutinefunction(model.step)
+        self._executor: ThreadPoolExecutor | None = None
+        self.steps = 0
+        """Steps run so far."""
+        self.largest_batch = 0
+        """The most streams that shared one step so far."""
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def running(self) -> int:
+        """Streams in the running set now."""
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        """Streams waiting to join now."""
+        return len(self._queue)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "scheduler": "continuous",
+            "max_batch_size": self.max_streams,
+            "max_queue_size": self._queue.max_size,
+            "queue_timeout": self.settings.queue_timeout,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if not self._async_step:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"step-{self.name}")
+        self._stepper = asyncio.create_task(self._run(), name=f"steps of {self.name}")
+        self._stepper.add_done_callback(self._stepper_done)
+
+    def _stepper_done(self, task: asyncio.Task[None]) -> None:
+        if not self._closing:  # it ended by itself: a bug; refuse work rather than queue it forever
+            self._closing = True
+            exc = None if task.cancelled() else task.exception()
+            logger.error("Continuous batching of model %r stopped unexpectedly: %r", self.name, exc)
+
+    async def stop(self) -> None:
+        """Take no new streams; let the running and waiting ones finish, then end."""
+        self._closing = True
+        self._wake()
+        if self._stepper is not None:
+            await asyncio.gather(self._stepper, return_exceptions=True)
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ callers
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """A unary request runs as a stream; its answer is its chunks combined by the model."""
+        call = Call()
+        entry = self._admit(request, call, collect=True)
+        try:
+            while True:
+                kind, _, payload = await call.get()
+                if kind == CHUNK:
+                    assert isinstance(payload, InferenceResponse)
+                    return payload
+                if kind == ERROR:
+                    raise payload
+        finally:
+            self._leave(entry)
+            call.items.clear()
+
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        return self._stream(requests)
+
+    async def _stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncGenerator[InferenceResponse, None]:
+        call = Call()
+        reader = asyncio.create_task(self._read(requests, call))
+        try:
+            while True:
+                kind, entry, payload = await call.get()
+                if kind == CHUNK:
+                    assert entry is not None
+                    entry.unread -= 1
+                    if entry.unread == STREAM_BUFFER - 1:
+                        self._wake()  # it may step again
+                    yield payload
+                elif kind == END:
+                    call.close(entry)
+                    if not call.reading and not call.open:
+                        return
+                elif kind == READ_END:
+                    if not call.open:
+                        return
+                else:  # ERROR (of one request) or READ_FAILED (the requests themselves)
+                    call.close(entry)
+                    raise payload
+        finally:
+            # leave first, synchronously: this may run inside a cancelled anyio scope (an SSE
+            # response whose client went away), where every await raises at once
+            for entry in list(call.open):
+                self._leave(entry)
+            call.open.clear()
+            call.items.clear()
+            reader.cancel()
+            with anyio.CancelScope(shield=True):  # the requests' iterator must be free when we return
+                await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
+        try:
+            async for request in requests:
+                await call.wait_for_room(call.taken)
+                try:
+                    entry = self._admit(request, call)
+                except ServerError as exc:
+                    call.push((ERROR, None, exc))
+                    continue
+                call.open[entry] = None
+            call.reading = False
+            call.push((READ_END, None, None))
+        except Exception as exc:
+            call.reading = False
+            call.push((READ_FAILED, None, exc))
+
+    def _admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
+        """Queue a new stream (or raise at once: shutting down, bad timeout, queue full)."""
+        if self._closing:
+            raise ShuttingDown(f"Model {self.name!r} is unloading")
+        if self._stepper is None:
+            raise ModelNotReady(f"Model {self.name!r} is not started")
+        timeout = queue_timeout(request, self.settings.queue_timeout)
+        entry = Entry(
+            request=request,
+            key=None,
+            future=asyncio.get_running_loop().create_future(),
+            stream=Stream(request, request.id or str(uuid.uuid4())),
+            call=call,
+            index=call.taken,
+            collect=collect,
+        )
+        self._queue.put(entry, timeout)
+        call.taken += 1
+        entry.future.add_done_callback(self._joined_or_not(entry))
+        self._wake()
+        return entry
+
+    @staticmethod
+    def _joined_or_not(entry: Entry) -> Any:
+        def done(future: asyncio.Future[None]) -> None:
+            if not future.cancelled() and future.exception() is not None:  # it timed out in the queue
+                entry.ended = True
+                entry.call.push((ERROR, entry, future.exception()))
+
+        return done
+
+    def _leave(self, entry: Entry) -> None:
+        """The caller no longer wants this stream."""
+        if entry.ended:
+            return
+        if not entry.future.done():  # still waiting: it never runs
+            entry.ended = True
+            self._queue.discard(entry)
+            entry.future.cancel()
+            return
+        entry.gone = True
+        self._wake()
+
+    # ------------------------------------------------------------------ the stepper
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._wakeup.clear()
+                await self._drop_gone()
+                await self._join()
+                active = [e for e in self._running if not e.gone and e.unread < STREAM_BUFFER]
+                if active:
+                    await self._step(active)
+                    # a turn for the event loop after every step, even when the model's step never
+                    # awaits: readers take their chunks, new streams arrive, disconnects are seen
+                    await asyncio.sleep(0)
+                    continue
+                if self._closing and not self._running and not len(self._queue):
+                    return
+                await self._wakeup.wait()
+        finally:
+            # only reached with streams left when this task itself is cancelled or broken
+            for waiter in self._queue.drain():
+                waiter.future.cancel()
+                if isinstance(waiter, Entry):
+                    self._fail(waiter, ShuttingDown(f"Model {self.name!r} stopped serving streams"))
+            for entry in list(self._running):
+                self._fail(entry, ShuttingDown(f"Model {self.name!r} stopped while serving the stream"))
+            self._running.clear()
+
+    async def _drop_gone(self) -> None:
+        for entry in [e for e in self._running if e.gone]:
+            del self._running[entry]
+            entry.ended = True
+            if entry.started:
+                await self._end_stream(entry, "cancelled")
+
+    async def _join(self) -> None:
+        free = self.max_streams - len(self._running)
+        if free <= 0 or not len(self._queue):
+            return
+        for waiter in self._queue.take(None, free):
+            assert isinstance(waiter, Entry)
+            waiter.future.set_result(None)
+            self._running[waiter] = None
+            try:
+                await self.stepping.start_stream(waiter.stream)
+            except Exception as exc:
+                if waiter in self._running:
+                    del self._running[waiter]
+                self._fail(waiter, exc)
+                continue
+            waiter.started = True
+
+    async def _call_step(self, streams: list[Stream]) -> Sequence[StepResult]:
+        if self._async_step:
+            return await self.stepping.step(streams)  # type: ignore[misc]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.stepping.step, streams)
+
+    async def _step(self, active: list[Entry]) -> None:
+        size = len(active)
+        step_id = next(self._step_ids)
+        streams = [entry.stream for entry in active]
+        try:
+            results = list(await self._call_step(streams))
+            if len(results) != size:
+                raise ModelFailed(f"Model {self.name!r} returned {len(results)} step results for {size} streams")
+        except Exception as exc:
+            if size == 1:
+                results = [StepResult(error=exc)]
+            else:
+                logger.warning(
+                    "Model %r failed a step of %d streams (%s: %s); running each of them alone",
+                    self.name, size, type(exc).__name__, exc,
+                )
+                for entry in active:
+                    if entry in self._running and not entry.gone:
+                        await self._step([entry])
+                return
+        self.steps += 1
+        self.largest_batch = max(self.largest_batch, size)
+        leaving: list[tuple[Entry, StreamEnd]] = []
+        for entry, result in zip(active, results, strict=True):
+            entry.stream.steps += 1
+            if entry.gone or entry.ended:
+                continue  # its caller went away during the step
+            entry.last = (size, step_id)
+            if not isinstance(result, StepResult):
+                result = StepResult(error=ModelFailed(
+                    f"Model {self.name!r} returned a {type(result).__name__} from step, not a StepResult"
+                ))
+            if result.error is not None:
+                self._fail(entry, result.error)
+                leaving.append((entry, "failed"))
+                continue
+            if result.response is not None:
+                if not self._deliver(entry, result.response):
+                    leaving.append((entry, "failed"))
+                    continue
+            if result.finished:
+                self._finish(entry)
+                leaving.append((entry, "finished"))
+        for entry, reason in leaving:
+            await self._end_stream(entry, reason)
+
+    def _deliver(self, entry: Entry, response: InferenceResponse) -> bool:
+        if not isinstance(response, InferenceResponse):
+            self._fail(entry, ModelFailed(
+                f"Model {self.name!r} returned a {type(response).__name__} as a chunk, not an InferenceResponse"
+            ))
+            return False
+        stamp(response, entry)
+        if entry.collect:
+            entry.chunks.append(response)
+        else:
+            entry.unread += 1
+            entry.call.push((CHUNK, entry, response))
+        return True
+
+    def _finish(self, entry: Entry) -> None:
+        """The stream's last chunk was delivered: it leaves, and its caller is told."""
+        self._running.pop(entry, None)
+        if entry.collect:
+            try:
+                answer = self.stepping.combine(entry.stream, entry.chunks)
+                if not isinstance(answer, InferenceResponse):
+                    raise ModelFailed(
+                        f"Model {self.name!r} combined chunks into a {type(answer).__name__}, not an InferenceResponse"
+                    )
+            except Exception as exc:
+                self._fail(entry, exc)
+                return
+            stamp(answer, entry)
+            entry.call.push((CHUNK, entry, answer))
+        entry.ended = True
+        entry.call.push((END, entry, None))
+
+    def _fail(self, entry: Entry, error: BaseException) -> None:
+        self._running.pop(entry, None)
+        if entry.ended:
+            return
+        entry.ended = True
+        if not isinstance(error, Exception):
+            error = ModelFailed(f"Model {self.name!r} failed the stream: {type(error).__name__}: {error}")
+        entry.call.push((ERROR, entry, error))
+
+    async def _end_stream(self, entry: Entry, reason: StreamEnd) -> None:
+        if not entry.started:
+            return
+        entry.started = False
+        try:
+            await self.stepping.end_stream(entry.stream, reason)
+        except Exception:
+            logger.exception("Model %r failed in end_stream (%s)", self.name, reason)
