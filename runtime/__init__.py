@@ -7,6 +7,7 @@ folder of them with ``mlserver-like start FOLDER``.
 from . import codecs, errors, types
 from .codecs import decode_args
 from .model import MLModel
+from .sequences import SequenceModel, SequenceStep
 from .settings import ModelParameters, ModelSettings, Settings
 from .version import __version__
 
@@ -14,6 +15,8 @@ __all__ = [
     "MLModel",
     "ModelParameters",
     "ModelSettings",
+    "SequenceModel",
+    "SequenceStep",
     "Settings",
     "__version__",
     "codecs",

@@ -23,12 +23,13 @@ from .types import (
     MetadataModelResponse,
     MetadataServerResponse,
     MetadataTensor,
+    Parameters,
     RequestInput,
 )
 
 logger = logging.getLogger(__name__)
 
-EXTENSIONS = ("binary_tensor_data", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_repository", "sequence")
 
 
 class DataPlane:
@@ -62,6 +63,10 @@ class DataPlane:
         entry = self.registry.get(name, version)
         assert entry.model is not None
         meta = await entry.model.metadata()
+        if entry.scheduler is not None:
+            if meta.parameters is None:
+                meta.parameters = Parameters()
+            meta.parameters.scheduling = entry.scheduler.describe()  # type: ignore[attr-defined]
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
         return meta

@@ -18,6 +18,8 @@ def test_top_level_api_is_pinned() -> None:
         "MLModel",
         "ModelParameters",
         "ModelSettings",
+        "SequenceModel",
+        "SequenceStep",
         "Settings",
         "__version__",
         "codecs",

@@ -16,7 +16,9 @@ from ..dataplane import DataPlane, raw_request
 from ..errors import PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
+from .disconnect import cancel_on_disconnect
 from .errors import status_of
+from .sequence import read_sequence_headers, sequence_headers
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +86,10 @@ class RestApi:
     async def infer(self, request: Request) -> Response:
         name, version = _model(request)
         inference_request = await self.read_inference_request(request, name, version)
-        response = await self.dataplane.infer(inference_request, name, version)
+        response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name, version))
         body, headers = encode_response(response, inference_request)
         media = "application/octet-stream" if headers else JSON
-        return Response(body, media_type=media, headers=headers)
+        return Response(body, media_type=media, headers={**headers, **sequence_headers(response)})
 
     async def read_inference_request(
         self, request: Request, name: str, version: str | None
@@ -96,8 +98,11 @@ class RestApi:
         body = await read_body(request, self.max_request_size)
         json_part, binary = split_body(body, request.headers.get(HEADER_LENGTH))
         if binary is not None and len(json_part) == 0:
-            return raw_request(binary, self.dataplane.model_inputs(name, version))
-        return parse_request(json_part, binary)
+            inference_request = raw_request(binary, self.dataplane.model_inputs(name, version))
+        else:
+            inference_request = parse_request(json_part, binary)
+        read_sequence_headers(inference_request, request.headers)
+        return inference_request
 
     def routes(self) -> list[BaseRoute]:
         model = "/v2/models/{model_name}"
