@@ -4,6 +4,7 @@ one request per sequence per batch, oldest first across sequences, and the batch
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 
@@ -45,10 +46,10 @@ async def test_pipelined_requests_of_one_sequence_run_one_at_a_time_in_order(inp
     by one, each seeing exactly the requests admitted before it, never two in one batch."""
     model = await serve(inprocess, max_batch_size=16, max_batch_time=0.01)
     async with inprocess.client() as client:
-        await step(client, 0 + 100, sequence_id="p", sequence_start=True)
+        await step(client, 100, sequence_id="p", sequence_start=True)
         responses = await asyncio.gather(*(step(client, v, sequence_id="p") for v in range(1, 11)))
     chains = sorted((history(r) for r in responses), key=len)
-    for shorter, longer in zip(chains, chains[1:], strict=False):
+    for shorter, longer in itertools.pairwise(chains):
         assert longer[:-1] == shorter
     assert sorted(chains[-1][1:]) == list(range(1, 11)) and chains[-1][0] == 100
     assert one_per_sequence(model.batches)
