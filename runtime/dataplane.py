@@ -12,8 +12,10 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from .errors import InvalidInput, ModelFailed, ServerError, ShuttingDown
+from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .settings import Settings
 from .tensors import dtype_of, element_count, input_array, output_array
@@ -70,6 +72,12 @@ class DataPlane:
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
         return meta
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration JSON, for clients such as perf_analyzer."""
+        entry = self.registry.get(name, version)
+        assert entry.scheduler is not None
+        return model_config(entry.settings, entry.scheduler.describe())
 
     def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
         """The declared inputs of a model (empty when its settings declare none)."""

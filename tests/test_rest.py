@@ -61,6 +61,13 @@ async def test_model_metadata_and_versions(api) -> None:  # type: ignore[no-unty
     assert pinned["outputs"][0]["data"] == ["2"]
 
 
+async def test_triton_model_config(api) -> None:  # type: ignore[no-untyped-def]
+    config = (await api.get("/v2/models/typed/config")).json()
+    assert config["name"] == "typed" and config["max_batch_size"] == 0
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 3]}]
+    assert (await api.get("/v2/models/nope/config")).status_code == 404
+
+
 async def test_infer_json(api) -> None:  # type: ignore[no-untyped-def]
     response = await api.post("/v2/models/echo/infer", json={"id": "r1", "inputs": [TENSOR]})
     assert response.status_code == 200

@@ -25,6 +25,8 @@ def test_health_and_metadata(client) -> None:  # type: ignore[no-untyped-def]
     meta = client.get_model_metadata("scaler")
     assert meta["inputs"][0]["name"] == "x"
     assert not client.is_model_ready("missing")
+    config = client.get_model_config("scaler")
+    assert config["input"][0] == {"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}
 
 
 @pytest.mark.parametrize("binary", [True, False])

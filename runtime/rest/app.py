@@ -75,6 +75,9 @@ class RestApi:
         meta = await self.dataplane.model_metadata(*_model(request))
         return json_response(meta.model_dump(mode="json", exclude_none=True))
 
+    async def model_config(self, request: Request) -> Response:
+        return json_response(self.dataplane.model_config(*_model(request)))
+
     async def model_ready(self, request: Request) -> Response:
         name, version = _model(request)
         if self.dataplane.model_ready(name, version):
@@ -117,6 +120,7 @@ class RestApi:
             routes += [
                 Route(prefix, self.model_metadata, methods=["GET"]),
                 Route(prefix + "/ready", self.model_ready, methods=["GET"]),
+                Route(prefix + "/config", self.model_config, methods=["GET"]),
                 Route(prefix + "/infer", self.infer, methods=["POST"]),
             ]
         return routes
