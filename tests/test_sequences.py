@@ -242,7 +242,11 @@ async def test_metadata_shows_every_sequence_setting_and_the_extension(inprocess
         assert "sequence" in (await client.get("/v2")).json()["extensions"]
         await client.post("/v2/models/seq/infer", json=body(1, sequence_id=1, sequence_start=True))
         scheduling = (await client.get("/v2/models/seq")).json()["parameters"]["scheduling"]
+        config = (await client.get("/v2/models/seq/config")).json()
     assert scheduling["scheduler"] == "sequence"
+    batching = config["sequence_batching"]  # what perf_analyzer looks for before sending sequences
+    assert batching["max_sequence_idle_microseconds"] == 5_000_000 and "stats" not in batching
+    assert batching["oldest"] == {"max_candidate_sequences": 1000, "max_queue_delay_microseconds": 10_000}
     for name, value in {
         "max_batch_size": 8,
         "max_batch_time": 0.01,
