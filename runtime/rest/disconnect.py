@@ -1,18 +1,18 @@
 """Cancel a request's work when its HTTP client goes away.
 
 Starlette does not cancel a handler whose client disconnects: the work would run to the end for
-nobody. Here the work runs in its own task while a watcher waits for ``http.disconnect``; on
-disconnect the work is cancelled, so that the core can react (a sequence batcher drops the queued
-request and cancels its sequence, as Triton does) and the handler raises ``Cancelled`` (499, which
-nobody reads). Cancelling the handler task itself instead would surface in the server's logs as
-an error.
+nobody. Here a watcher task waits for ``http.disconnect`` while the handler awaits its work; on
+disconnect it cancels the handler's task, so that the cancellation reaches the core (a sequence
+batcher drops the queued request and cancels its sequence, as Triton does), and the handler turns
+it into ``Cancelled`` (499, which nobody reads). A cancellation that the watcher did not cause
+(the server stopping) propagates unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -21,23 +21,37 @@ from ..errors import Cancelled
 T = TypeVar("T")
 
 
-async def _watch(request: Request, work: asyncio.Future[Any]) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            work.cancel()
-            return
+class _Watcher:
+    __slots__ = ("fired", "request", "task")
+
+    def __init__(self, request: Request, task: asyncio.Task[object]) -> None:
+        self.request = request
+        self.task = task
+        self.fired = False
+
+    async def watch(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                self.fired = True
+                self.task.cancel()
+                return
 
 
-async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Await ``work``, cancelling it if the client disconnects first (then raise ``Cancelled``)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_watch(request, task))
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it and raise ``Cancelled``."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = _Watcher(request, task)
+    watching = asyncio.ensure_future(watcher.watch())
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled() and task.cancelled():
-            raise Cancelled("The client disconnected before the answer was ready") from None
-        raise
+        if not watcher.fired:
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancellation is handled
+        if uncancel is not None:
+            uncancel()
+        raise Cancelled("The client disconnected before the answer was ready") from None
     finally:
-        watcher.cancel()
+        watching.cancel()
