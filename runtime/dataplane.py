@@ -8,16 +8,24 @@ with the cause chained.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
-from .errors import InvalidInput, ModelFailed, ServerError, ShuttingDown
+from .errors import InvalidInput, ModelFailed, ShuttingDown
+from .generate import (
+    GenerateRequest,
+    GenerateResponse,
+    to_generate_response,
+    to_inference_request,
+    wants_details,
+)
 from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .settings import Settings
+from .streaming import StreamCounter, StreamError, StreamSession, sort_error
 from .tensors import dtype_of, element_count, input_array, output_array
 from .types import (
     InferenceRequest,
@@ -31,7 +39,7 @@ from .types import (
 
 logger = logging.getLogger(__name__)
 
-EXTENSIONS = ("binary_tensor_data", "model_repository", "sequence")
+EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
 
 class DataPlane:
@@ -42,6 +50,8 @@ class DataPlane:
         self.registry = registry
         self.started = False
         self.draining = False
+        self.streams = StreamCounter()
+        """Streams being served now (every transport, every model)."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -103,43 +113,78 @@ class DataPlane:
         assert entry.scheduler is not None
         try:
             response = await entry.scheduler.infer(request)
-        except (ServerError, asyncio.CancelledError):
-            raise
         except Exception as exc:
-            raise _model_failed(name, exc) from exc
+            error = sort_error(name, exc)
+            if error is exc:
+                raise
+            raise error from exc
         return finish_response(response, request, entry)
 
     async def infer_stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
-    ) -> AsyncIterator[InferenceResponse]:
-        """Serve a stream of requests; each response is checked as it leaves."""
+    ) -> AsyncGenerator[InferenceResponse, None]:
+        """Serve a stream of requests with the model's ``predict_stream``; the first error ends it.
+
+        Nothing runs until the first response is asked for; the model and the first request are
+        checked then, so a transport can report those errors before it starts its own stream.
+        Responses are pulled from the model only as fast as they are asked for; closing this
+        iterator (or cancelling its task) closes the model's generator. See ``runtime.streaming``.
+        """
+        async with aclosing(self._stream(requests, name, version, in_band=False)) as items:
+            async for item in items:
+                if isinstance(item, StreamError):
+                    raise item.error
+                yield item
+
+    def infer_stream_in_band(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
+        """Like ``infer_stream``, but each request's error is yielded in band and the stream goes on.
+
+        A request that fails its checks is answered by a ``StreamError`` (the model never sees it);
+        when the model fails, the error is yielded and the requests after it are served by a fresh
+        call of its ``predict_stream``. Errors of the model or version themselves still raise
+        (at the first step, as with ``infer_stream``).
+        """
+        return self._stream(requests, name, version, in_band=True)
+
+    # ------------------------------------------------------------------ generate extension
+
+    async def generate(
+        self, body: GenerateRequest, name: str, version: str | None = None
+    ) -> GenerateResponse:
+        """Serve a generate request (text in, text out) with the model's ``predict``."""
+        settings = self._entry(name, version).settings
+        response = await self.infer(to_inference_request(body, settings), name, version)
+        return to_generate_response(response, settings, wants_details(body))
+
+    async def generate_stream(
+        self, body: GenerateRequest, name: str, version: str | None = None
+    ) -> AsyncGenerator[GenerateResponse, None]:
+        """Serve a generate request with the model's ``predict_stream``: one answer per response."""
+        settings = self._entry(name, version).settings
+        details = wants_details(body)
+        request = to_inference_request(body, settings)
+        async with aclosing(self.infer_stream(_one(request), name, version)) as responses:
+            async for response in responses:
+                yield to_generate_response(response, settings, details)
+
+    async def _stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
         entry = self._entry(name, version)
-        assert entry.scheduler is not None
-        last: list[InferenceRequest] = []
-
-        async def checked() -> AsyncIterator[InferenceRequest]:
-            async for request in requests:
-                prepare_request(request, entry)
-                last[:] = [request]
-                yield request
-
-        stream = entry.scheduler.stream(checked())
+        session = StreamSession(entry, requests, prepare_request, finish_response)
+        self.streams.opened()
         try:
-            async for response in stream:
-                yield finish_response(response, last[0] if last else None, entry)
-        except (ServerError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise _model_failed(name, exc) from exc
+            async with aclosing(session.run(in_band)) as items:
+                async for item in items:
+                    yield item
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            self.streams.closed()
 
 
-def _model_failed(name: str, exc: BaseException) -> ServerError:
-    logger.error("Model %r failed: %s: %s", name, type(exc).__name__, exc, exc_info=logger.isEnabledFor(10))
-    return ModelFailed(f"Model {name!r} failed: {type(exc).__name__}: {exc}")
+async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
+    yield request
 
 
 # ---------------------------------------------------------------------- request and response checks

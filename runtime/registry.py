@@ -148,8 +148,13 @@ class Registry:
         if loaded is False:
             raise RuntimeError("load() returned False")
         model.ready = True
-        scheduler = make_scheduler(model, entry.settings)
-        await scheduler.start()
+        try:
+            scheduler = make_scheduler(model, entry.settings)
+            await scheduler.start()
+        except BaseException:
+            model.ready = False
+            await model.unload()
+            raise
         entry.model, entry.scheduler = model, scheduler
         entry.state, entry.reason = State.READY, ""
 

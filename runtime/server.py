@@ -108,8 +108,16 @@ class Server:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task
+        await self._wait_streams()
         await self.registry.unload_all()
         logger.info("Server stopped")
+
+    async def _wait_streams(self, timeout: float = 5.0) -> None:
+        """Let streams cut at the end of the grace period close their models' generators first."""
+        try:
+            await asyncio.wait_for(self.dataplane.streams.wait_idle(), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("%d stream(s) still open when unloading models", self.dataplane.streams.active)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -125,6 +125,24 @@ class ModelParameters(BaseModel):
     """Free-form settings for the model's own code."""
 
 
+class GenerateSettings(BaseModel):
+    """How the generate extension maps text to a model's tensors (``generate`` in model-settings.json).
+
+    ``POST /v2/models/{m}/generate`` with ``{"text_input": "...", "parameters": {...}}`` becomes an
+    inference request whose one input is a BYTES tensor named ``text_input`` (holding the UTF-8
+    text) and whose request parameters are the generate parameters; the model answers with a BYTES
+    output named ``text_output``. The defaults follow Triton's generate extension.
+    """
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    text_input: str = "text_input"
+    """Name of the BYTES input that receives a generate request's ``text_input``."""
+
+    text_output: str = "text_output"
+    """Name of the BYTES output whose (single) element becomes the response's ``text_output``."""
+
+
 class ModelSettings(BaseSettings):
     """Settings of one model (``model-settings.json``; environment prefix ``MLSERVER_MODEL_``)."""
 
@@ -195,6 +213,10 @@ class ModelSettings(BaseSettings):
 
     parameters: ModelParameters | None = None
     """Parameters of this model version: uri, version, content_type, extra."""
+
+    generate: GenerateSettings = GenerateSettings()
+    """How /generate and /generate_stream map text to this model's tensors (names of its text input
+    and output; by default ``text_input`` and ``text_output``, as in Triton)."""
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -99,7 +99,13 @@ class RestApi:
     ) -> InferenceRequest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.max_request_size)
-        json_part, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        return self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+
+    def parse_inference_request(
+        self, body: bytes, header_length: str | None, name: str, version: str | None
+    ) -> InferenceRequest:
+        """An InferenceRequest from a JSON body, or a JSON header and binary tensor data."""
+        json_part, binary = split_body(body, header_length)
         if binary is not None and len(json_part) == 0:
             inference_request = raw_request(binary, self.dataplane.model_inputs(name, version))
         else:
@@ -143,9 +149,11 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
+    from .streams import StreamingApi  # it builds on RestApi, so it is imported here, not at the top
+
     api = RestApi(dataplane)
     return Starlette(
-        routes=api.routes() + (extra_routes or []),
+        routes=api.routes() + StreamingApi(api).routes() + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,
             HTTPException: _http_error,

@@ -1,0 +1,29 @@
+"""The PyTorch runtime: serve a saved model (TorchScript, torch.export .pt2, or a state_dict and
+its nn.Module class) from model-settings.json alone, with ``"implementation": "runtime.torch.TorchModel"``.
+
+This is the only package of the server that imports torch, and it does so only when a model that
+uses it is loaded: ``import runtime`` and models that do not use it never import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .settings import TorchSettings
+
+if TYPE_CHECKING:
+    from .model import TorchModel
+    from .runner import TensorSpec, TorchRunner
+
+__all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSettings"]
+
+_LAZY = {"TorchModel": ".model", "TorchRunner": ".runner", "TensorSpec": ".runner"}
+
+
+def __getattr__(name: str) -> Any:
+    # torch is imported on first use of the runtime, not when its settings are read
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
