@@ -99,7 +99,9 @@ class RestApi:
     ) -> InferenceRequest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.max_request_size)
-        return self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        inference_request = self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        read_sequence_headers(inference_request, request.headers)
+        return inference_request
 
     def parse_inference_request(
         self, body: bytes, header_length: str | None, name: str, version: str | None
@@ -107,11 +109,8 @@ class RestApi:
         """An InferenceRequest from a JSON body, or a JSON header and binary tensor data."""
         json_part, binary = split_body(body, header_length)
         if binary is not None and len(json_part) == 0:
-            inference_request = raw_request(binary, self.dataplane.model_inputs(name, version))
-        else:
-            inference_request = parse_request(json_part, binary)
-        read_sequence_headers(inference_request, request.headers)
-        return inference_request
+            return raw_request(binary, self.dataplane.model_inputs(name, version))
+        return parse_request(json_part, binary)
 
     def routes(self) -> list[BaseRoute]:
         model = "/v2/models/{model_name}"
