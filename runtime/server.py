@@ -72,7 +72,7 @@ class Server:
             log_config=None,
             access_log=self.settings.access_log,
             root_path=self.settings.root_path,
-            timeout_graceful_shutdown=int(self.settings.shutdown_grace_period) or None,
+            timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
             http="httptools",
             loop="none",
             server_header=False,

@@ -15,6 +15,7 @@ from .servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
+STREAMING_EXAMPLES = ROOT / "examples" / "streaming"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 
 
@@ -52,5 +53,13 @@ async def inprocess() -> AsyncIterator[InProcess]:
 def example_server() -> Iterator[RunningServer]:
     """The bundled examples served by a real server process, shared by the session's tests."""
     server = start_server(EXAMPLES)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def textgen_server() -> Iterator[RunningServer]:
+    """The streaming text-generation example (torch) served by a real server process."""
+    server = start_server(STREAMING_EXAMPLES)
     yield server
     server.stop()

@@ -1,4 +1,4 @@
-"""The streaming text-generation example (examples/models/textgen) and its httpx-sse client snippet."""
+"""The streaming text-generation example (examples/streaming/textgen) and its httpx-sse client snippet."""
 
 from __future__ import annotations
 
@@ -43,21 +43,21 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-def test_the_trained_model_is_deterministic(example_server: RunningServer) -> None:
-    first = generate(example_server, "In the morning", max_tokens=40, temperature=0)
+def test_the_trained_model_is_deterministic(textgen_server: RunningServer) -> None:
+    first = generate(textgen_server, "In the morning", max_tokens=40, temperature=0)
     assert first.status_code == 200, first.text
-    again = generate(example_server, "In the morning", max_tokens=40, temperature=0)
+    again = generate(textgen_server, "In the morning", max_tokens=40, temperature=0)
     assert first.json() == again.json()
     assert first.json()["model_name"] == "textgen" and first.json()["model_version"] == "1"
     assert len(first.json()["text_output"]) == 40
-    sampled = [generate(example_server, "The", max_tokens=30, seed=7).json() for _ in range(2)]
+    sampled = [generate(textgen_server, "The", max_tokens=30, seed=7).json() for _ in range(2)]
     assert sampled[0] == sampled[1]
 
 
-def test_streamed_tokens_arrive_in_order_and_spell_the_unary_answer(example_server: RunningServer) -> None:
+def test_streamed_tokens_arrive_in_order_and_spell_the_unary_answer(textgen_server: RunningServer) -> None:
     parameters = {"max_tokens": 50, "temperature": 0.8, "seed": 3, "details": True}
-    whole = generate(example_server, "The keeper", **parameters).json()
-    events = generate_stream(example_server, "The keeper", **parameters)
+    whole = generate(textgen_server, "The keeper", **parameters).json()
+    events = generate_stream(textgen_server, "The keeper", **parameters)
     assert "".join(event["text_output"] for event in events) == whole["text_output"]
     assert [len(event["text_output"]) for event in events] == [1] * 50  # one character per event
     assert events[-1]["details"]["finish_reason"] == "length"
@@ -66,44 +66,44 @@ def test_streamed_tokens_arrive_in_order_and_spell_the_unary_answer(example_serv
     assert whole["details"]["finish_reason"] == "length" and len(whole["details"]["logprobs"]) == 50
 
 
-def test_stop_sequences_and_the_end_of_sequence_token(example_server: RunningServer) -> None:
+def test_stop_sequences_and_the_end_of_sequence_token(textgen_server: RunningServer) -> None:
     stopped = generate(
-        example_server, "In the morning", max_tokens=200, temperature=0, stop=["the"], details=True
+        textgen_server, "In the morning", max_tokens=200, temperature=0, stop=["the"], details=True
     )
     assert stopped.json()["text_output"].endswith("the")
     assert stopped.json()["details"]["finish_reason"] == "stop_sequence"
-    events = generate_stream(example_server, "In the morning", max_tokens=400, temperature=0, details=True)
+    events = generate_stream(textgen_server, "In the morning", max_tokens=400, temperature=0, details=True)
     assert events[-1]["details"]["finish_reason"] == "eos_token"
     assert events[-1]["text_output"] == "" and events[-1]["details"]["token"]["special"] is True
 
 
-def test_a_tensor_request_streams_inference_responses(example_server: RunningServer) -> None:
+def test_a_tensor_request_streams_inference_responses(textgen_server: RunningServer) -> None:
     body = {
         "id": "t-1",
         "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["The keeper"]}],
         "parameters": {"max_tokens": 5, "temperature": 0},
     }
-    response = httpx.post(f"{example_server.http_url}/v2/models/textgen/infer_stream", json=body, timeout=60)
+    response = httpx.post(f"{textgen_server.http_url}/v2/models/textgen/infer_stream", json=body, timeout=60)
     assert response.status_code == 200
     events = [orjson.loads(block[6:]) for block in response.text.split("\r\n\r\n") if block]
     assert len(events) == 5 and {event["id"] for event in events} == {"t-1"}
     assert events[-1]["parameters"] == {"finish_reason": "length"}
     bad = {**body, "parameters": {"max_tokens": 0}}
-    response = httpx.post(f"{example_server.http_url}/v2/models/textgen/infer_stream", json=bad, timeout=60)
+    response = httpx.post(f"{textgen_server.http_url}/v2/models/textgen/infer_stream", json=bad, timeout=60)
     assert response.status_code == 400 and "max_tokens" in response.json()["error"]
 
 
-def test_the_httpx_sse_client_snippet(example_server: RunningServer) -> None:
+def test_the_httpx_sse_client_snippet(textgen_server: RunningServer) -> None:
     client = load_example("textgen_sse")
-    pieces = list(client.stream_text(example_server.http_url, "In the morning", max_tokens=30, temperature=0))
+    pieces = list(client.stream_text(textgen_server.http_url, "In the morning", max_tokens=30, temperature=0))
     assert (
         "".join(pieces)
-        == generate(example_server, "In the morning", max_tokens=30, temperature=0).json()["text_output"]
+        == generate(textgen_server, "In the morning", max_tokens=30, temperature=0).json()["text_output"]
     )
     with pytest.raises(client.GenerateError, match="max_tokens"):
-        list(client.stream_text(example_server.http_url, "x", max_tokens=0))
+        list(client.stream_text(textgen_server.http_url, "x", max_tokens=0))
     with pytest.raises(client.GenerateError, match="not found"):
-        list(client.stream_text(example_server.http_url, "x", model="nope"))
+        list(client.stream_text(textgen_server.http_url, "x", model="nope"))
 
 
 def test_the_grpc_client_snippet_builds_oip_messages() -> None:

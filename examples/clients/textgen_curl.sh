@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stream tokens from the textgen example with curl (start the server first:
-#   mlserver-like start examples/models).
+#   mlserver-like start examples/streaming).
 # -N turns off curl's buffering so that each event prints as it arrives.
 set -euo pipefail
 URL=${URL:-http://127.0.0.1:8080}

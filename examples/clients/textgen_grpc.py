@@ -1,6 +1,6 @@
 """Stream tokens from the textgen example over gRPC ``ModelStreamInfer`` (OIP, package ``inference``).
 
-    mlserver-like start examples/models      # in another terminal (gRPC on 127.0.0.1:8081)
+    mlserver-like start examples/streaming      # in another terminal (gRPC on 127.0.0.1:8081)
     python3 examples/clients/textgen_grpc.py "The keeper" "In the morning"
 
 Several prompts go up one bidirectional stream; every response comes back tagged with the id of

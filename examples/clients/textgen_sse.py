@@ -1,6 +1,6 @@
 """Stream tokens from the textgen example with httpx-sse.
 
-    mlserver-like start examples/models      # in another terminal
+    mlserver-like start examples/streaming      # in another terminal
     python3 examples/clients/textgen_sse.py "The keeper" --max-tokens 80
 
 Each Server-Sent Event carries one generate answer ({"text_output": ..., "model_name": ...});
