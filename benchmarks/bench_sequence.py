@@ -2,7 +2,7 @@
 
     python3 benchmarks/bench_sequence.py [--seconds 5] [--frames 10] [--sequences 1 16 128]
 
-One server serves two copies of ``examples/models/lstm`` at its full size (80 features per frame,
+One server serves two copies of ``examples/sequences/lstm`` at its full size (80 features per frame,
 2 LSTM layers of 512, 32 classes): ``lstm`` with sequence batching (up to 128 sequences per
 batch) and ``lstm-alone`` with ``max_batch_size: 1``, the same model serving each request alone.
 For N concurrent sequences, N keep-alive connections each run one sequence closed-loop over REST:
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.servers import start_server  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "models" / "lstm"
+EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 
 
 def write_models(folder: Path, max_batch_time: float, threads: int) -> None:

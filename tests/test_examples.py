@@ -33,22 +33,3 @@ def test_counter_client_example(example_server: RunningServer) -> None:
     assert "delta: [7, 0] -> [7, 7] ended=True" in result.stdout  # the one sent with TorchServe headers
     assert "afterwards: 400" in result.stdout and "reason: end" in result.stdout
 
-
-def test_lstm_client_example(example_server: RunningServer) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "clients" / "lstm_client.py"),
-            example_server.http_url,
-            "--sequences",
-            "8",
-            "--chunks",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert result.stdout.count("utt-") == 8
-    assert "24 chunks in" in result.stdout

@@ -1,8 +1,11 @@
-"""The LSTM example carries each sequence's hidden state between requests, in shared batches."""
+"""The LSTM example (examples/sequences/lstm) carries each sequence's hidden state between requests,
+in shared batches; its client runs against a real server."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,17 +13,19 @@ import pytest
 from runtime.repository import import_model_class
 from runtime.settings import ModelSettings
 
-from .conftest import EXAMPLES, InProcess
+from .conftest import ROOT, InProcess
+from .servers import start_server
 
-pytestmark = pytest.mark.anyio
+EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 
 
+@pytest.mark.anyio
 async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inprocess: InProcess) -> None:
     """Race: eight utterances stream their chunks concurrently, so their steps share batches; each
     must still get exactly what the LSTM computes over its whole utterance at once."""
     import torch
 
-    settings = ModelSettings.from_file(EXAMPLES / "lstm" / "model-settings.json")
+    settings = ModelSettings.from_file(EXAMPLE / "model-settings.json")
     assert settings.parameters is not None
     settings.parameters.extra.update(hidden=32, classes=8)  # the example's layout, small and fast
     settings.max_batch_time = 0.02
@@ -50,3 +55,19 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
             zeros = torch.zeros(2, 1, 32)
             whole, _ = model.net(torch.from_numpy(utterance)[None], (zeros, zeros))
             np.testing.assert_allclose(chunked[n], whole[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_client_example() -> None:
+    server = start_server(EXAMPLE.parent)
+    try:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "clients" / "lstm_client.py"), server.http_url, "--sequences", "8"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    finally:
+        server.stop()
+    assert result.stdout.count("utt-") == 8
+    assert "40 chunks in" in result.stdout

@@ -1,6 +1,6 @@
 """Stream audio-like frames through the LSTM example, many sequences at once, over REST.
 
-    mlserver-like start examples/models            # in another shell
+    mlserver-like start examples/sequences         # in another shell (needs torch)
     python3 examples/clients/lstm_client.py [http://127.0.0.1:8080] [--sequences 16] [--chunks 5]
 
 Each sequence (an utterance) sends chunks of 10 frames x 80 features as binary tensors; the server
