@@ -7,7 +7,7 @@ import logging
 from ..model import MLModel
 from ..sequences.model import SequenceModel
 from ..settings import ModelSettings
-from .base import Scheduler
+from .base import RequestFailed, Scheduler
 from .direct import DirectScheduler
 from .sequence import SequenceScheduler
 
@@ -27,4 +27,4 @@ def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
     return DirectScheduler(model, settings)
 
 
-__all__ = ["DirectScheduler", "Scheduler", "SequenceScheduler", "make_scheduler"]
+__all__ = ["DirectScheduler", "RequestFailed", "Scheduler", "SequenceScheduler", "make_scheduler"]

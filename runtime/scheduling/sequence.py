@@ -36,12 +36,15 @@ from ..sequences.model import EndReason, SequenceModel, SequenceStep, serves_sta
 from ..sequences.store import LRUStateStore, StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import Scheduler
+from .base import RequestFailed, Scheduler
 from .direct import DirectScheduler
 
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+
+STREAM_WINDOW = 64
+"""Most requests of one stream admitted but not yet answered (it reads no further until one is)."""
 
 
 class SequenceScheduler(Scheduler):
@@ -143,46 +146,84 @@ class SequenceScheduler(Scheduler):
 
         return done
 
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
         return self._stream(requests)
 
-    async def _stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        """Admit requests as they arrive (pipelined, in order) and answer them in the same order."""
-        window: asyncio.Queue[Any] = asyncio.Queue(self.settings.max_sequence_queue_size + self.max_batch)
+    async def _stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+        """Serve a stream of requests (e.g. a gRPC stream carrying several sequences).
+
+        Requests are read ahead and admitted as they arrive, at most ``STREAM_WINDOW`` unanswered,
+        so that the sequences of one stream share batches; they are answered in the order they came,
+        each response tagged with its request's id. A request whose sequence queue is full of this
+        stream's own earlier requests waits for room (back-pressure) instead of being refused. A
+        request that is refused or fails is reported in band (``RequestFailed``) and the stream goes
+        on. Closing the stream cancels its unanswered requests (and so their sequences).
+        """
+        window: asyncio.Queue[Any] = asyncio.Queue(STREAM_WINDOW)
+        mine: dict[str, deque[asyncio.Future[InferenceResponse]]] = {}
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    item: Any
-                    try:
-                        control = parse_control(request.parameters)
-                        if control is None:
-                            item = asyncio.ensure_future(self._stateless(request))
-                        else:
-                            item = self._submit(request, control).future
-                    except Exception as exc:
-                        item = exc
-                    await window.put(item)
+                    await window.put((request, await self._stream_admit(request, mine)))
                 await window.put(_DONE)
-            except Exception as exc:  # the request stream itself failed (e.g. a malformed request)
+            except Exception as exc:  # the request stream itself failed
                 await window.put(exc)
 
         reader = asyncio.create_task(read())
         try:
             while True:
-                item = await window.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield await item
+                got = await window.get()
+                if got is _DONE:
+                    return
+                if isinstance(got, Exception):
+                    raise got
+                request, item = got
+                if isinstance(item, Exception):
+                    yield RequestFailed(item, request.id)
+                    continue
+                try:
+                    response = await item
+                except Exception as exc:
+                    yield RequestFailed(exc, request.id)
+                    continue
+                if request.id is not None:
+                    response.id = request.id
+                yield response
         finally:
             reader.cancel()
             while not window.empty():
                 left = window.get_nowait()
-                if isinstance(left, asyncio.Future):
-                    left.cancel()
+                if isinstance(left, tuple) and isinstance(left[1], asyncio.Future):
+                    left[1].cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    async def _stream_admit(
+        self, request: InferenceRequest, mine: dict[str, deque[asyncio.Future[InferenceResponse]]]
+    ) -> asyncio.Future[InferenceResponse] | Exception:
+        """Admit one request of a stream: its future, or the error that refused it."""
+        try:
+            control = parse_control(request.parameters)
+            if control is None:
+                return asyncio.ensure_future(self._stateless(request))
+            own = mine.setdefault(control.key, deque())
+            while own:
+                while own and own[0].done():
+                    own.popleft()
+                seq = self.sequences.active.get(control.key)
+                if not own or seq is None or len(seq.queue) < self.sequences.max_queue:
+                    break
+                await asyncio.wait({own[0]})  # this stream's own requests fill the queue: wait for room
+            future = self._submit(request, control).future
+            own.append(future)
+            if len(mine) > STREAM_WINDOW:  # forget sequences this stream no longer has requests in
+                for key in [key for key, futures in mine.items() if all(f.done() for f in futures)]:
+                    del mine[key]
+            return future
+        except Exception as exc:
+            return exc
 
     # ------------------------------------------------------------------ the ready heap
 
