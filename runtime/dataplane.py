@@ -8,13 +8,14 @@ with the cause chained.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from .errors import InvalidInput, ModelFailed, ShuttingDown
+from .errors import InvalidInput, ModelFailed, ModelNotFound, ShuttingDown
 from .generate import (
     GenerateRequest,
     GenerateResponse,
@@ -24,7 +25,8 @@ from .generate import (
 )
 from .model_config import model_config
 from .registry import ModelEntry, Registry
-from .settings import Settings
+from .repository import RepositoryError, settings_in_repository
+from .settings import ModelSettings, Settings
 from .streaming import StreamCounter, StreamError, StreamSession, sort_error
 from .tensors import dtype_of, element_count, input_array, output_array
 from .types import (
@@ -34,7 +36,9 @@ from .types import (
     MetadataServerResponse,
     MetadataTensor,
     Parameters,
+    RepositoryIndexResponseItem,
     RequestInput,
+    State,
 )
 
 logger = logging.getLogger(__name__)
@@ -181,6 +185,47 @@ class DataPlane:
                     yield item
         finally:
             self.streams.closed()
+
+    # ------------------------------------------------------------------ model repository
+
+    async def repository_index(self, ready_only: bool = False) -> list[RepositoryIndexResponseItem]:
+        """Every model version that is loaded, then those of the repository folder that are not."""
+        items = self.registry.index(ready_only)
+        if not ready_only:
+            loaded = {(item.name, item.version) for item in items}
+            found = await self._read_repository(None)
+            items += [
+                RepositoryIndexResponseItem(
+                    name=s.name, version=s.version, state=State.UNAVAILABLE, reason="not loaded"
+                )
+                for s in found
+                if (s.name, s.version) not in loaded
+            ]
+        return items
+
+    async def repository_load(self, name: str) -> None:
+        """(Re)load every version of ``name`` from its model-settings.json in the repository folder.
+
+        A model that is loaded keeps serving until its new instance is ready (the registry swaps).
+        """
+        found = await self._read_repository(name)
+        if not found:
+            raise ModelNotFound(name)
+        for model_settings in found:
+            entry = await self.registry.load(model_settings)
+            if entry.state is State.UNAVAILABLE:
+                raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
+
+    async def repository_unload(self, name: str) -> None:
+        """Unload every version of ``name``; ModelNotFound when none is loaded."""
+        await self.registry.unload(name)
+
+    async def _read_repository(self, name: str | None) -> list[ModelSettings]:
+        root = self.settings.model_repository_root
+        try:
+            return await asyncio.to_thread(settings_in_repository, root, name)
+        except RepositoryError as exc:
+            raise ModelFailed(f"Cannot read the model repository: {exc}") from exc
 
 
 async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:

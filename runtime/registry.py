@@ -86,6 +86,8 @@ class Registry:
     @staticmethod
     def _default(versions: dict[str | None, ModelEntry]) -> ModelEntry:
         # unversioned settings win; else the highest ready version; else the highest version
+        if len(versions) == 1:
+            return next(iter(versions.values()))
         if None in versions:
             return versions[None]
         ordered = sorted(versions.values(), key=lambda e: _version_key(e.version), reverse=True)

@@ -46,6 +46,23 @@ def read_repository(root: str | os.PathLike[str]) -> tuple[list[ModelSettings], 
     return found, broken
 
 
+def settings_in_repository(root: str | os.PathLike[str], name: str | None = None) -> list[ModelSettings]:
+    """The settings of the models under ``root`` (only those named ``name`` if given), read afresh.
+
+    A model-settings.json that cannot be read is skipped, unless its folder bears ``name``: then
+    the reason is raised, since it is most likely the file asked for.
+    """
+    found, broken = read_repository(root)
+    if name is None:
+        return found
+    named = [s for s in found if s.name == name]
+    if not named:
+        for path, reason in broken:
+            if path.parent.name == name:
+                raise RepositoryError(f"cannot read {path}: {reason}")
+    return named
+
+
 def import_model_class(settings: ModelSettings) -> type:
     """The class named by ``settings.implementation``.
 

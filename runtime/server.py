@@ -1,7 +1,8 @@
-"""The server's lifecycle: load models, serve REST (and gRPC) in one event loop, drain, unload.
+"""The server's lifecycle: load models, serve REST and gRPC in one event loop, drain, unload.
 
-On SIGTERM or SIGINT the server stops accepting connections, lets in-flight requests finish
-within ``shutdown_grace_period``, unloads every model and returns, so the process exits 0.
+On SIGTERM or SIGINT the server stops accepting connections and calls on both ports, lets
+in-flight requests and streams finish within ``shutdown_grace_period``, unloads every model and
+returns, so the process exits 0.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import uvicorn
 
 from .dataplane import DataPlane
+from .grpc import GrpcServer
 from .registry import Registry
 from .repository import read_repository
 from .rest.app import create_app
@@ -43,13 +45,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class Server:
-    """One process serving the models of a repository over REST (and gRPC)."""
+    """One process serving the models of a repository over REST and gRPC."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.registry = Registry()
         self.dataplane = DataPlane(settings, self.registry)
         self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._grpc: GrpcServer | None = None
         self._http: _Uvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -84,8 +88,10 @@ class Server:
         self._http.lifespan = config.lifespan_class(config)
         await self._http.startup(sockets=[sock])
         self._http_task = asyncio.create_task(self._run_http(sock))
-        self.dataplane.started = True
         logger.info("HTTP server listening on http://%s:%d", self.settings.host, self.http_port)
+        self._grpc = GrpcServer(self.dataplane, self.settings)
+        self.grpc_port = await self._grpc.start()
+        self.dataplane.started = True
 
     async def _run_http(self, sock: socket.socket) -> None:
         assert self._http is not None
@@ -94,7 +100,10 @@ class Server:
 
     def endpoints(self) -> str:
         """``http=HOST:PORT`` (and ``grpc=HOST:PORT`` when gRPC is served), space-separated."""
-        return f"http={self.settings.host}:{self.http_port}"
+        endpoints = f"http={self.settings.host}:{self.http_port}"
+        if self.grpc_port is not None:
+            endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        return endpoints
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -103,11 +112,15 @@ class Server:
         await self._stopping.wait()
 
     async def stop(self) -> None:
-        """Stop accepting, drain in-flight requests, unload models."""
+        """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
         self.dataplane.draining = True
+        draining: list[Awaitable[None]] = []
+        if self._grpc is not None:
+            draining.append(self._grpc.stop(self.settings.shutdown_grace_period))
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
-            await self._http_task
+            draining.append(self._http_task)
+        await asyncio.gather(*draining)
         await self._wait_streams()
         await self.registry.unload_all()
         logger.info("Server stopped")

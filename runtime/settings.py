@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -87,7 +87,27 @@ class Settings(BaseSettings):
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
 
+    grpc_stream_format: Literal["mlserver", "triton"] = "mlserver"
+    """What ModelStreamInfer streams back. ``mlserver``: ModelInferResponse messages, as MLServer and
+    its clients do; an error for one request is answered in-band by a response with that request's
+    id, no outputs, and the parameters ``error`` (the message) and ``error_code`` (the gRPC status
+    name). ``triton``: ModelStreamInferResponse messages, as Triton and tritonclient's
+    start_stream/async_stream_infer do: errors in ``error_message``, every response carries the
+    parameter ``triton_final_response``. Either way the stream stays open after an error."""
+
+    grpc_tls_certificate: str | None = None
+    """Path of a PEM certificate (chain) for the gRPC port; with grpc_tls_private_key it turns TLS on."""
+
+    grpc_tls_private_key: str | None = None
+    """Path of the PEM private key of grpc_tls_certificate."""
+
     _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.grpc_tls_certificate is None) != (self.grpc_tls_private_key is None):
+            raise ValueError("grpc_tls_certificate and grpc_tls_private_key must be given together")
+        return self
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:

@@ -46,6 +46,20 @@ class Datatype(str, Enum):
         return self.value
 
 
+class UInt64(int):
+    """An integer parameter that a client sent as unsigned (gRPC ``uint64_param``).
+
+    Parameters keep it as it came, so that a model or the core echoing it back answers with the
+    kind the client used; the gRPC transport also sends any integer of 2**63 or more as
+    ``uint64_param``. It is an ``int`` in every other respect.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"UInt64({int(self)})"
+
+
 class Parameters(_Base):
     """Free-form parameters (request, tensor or response); unknown keys are kept as extra fields."""
 
@@ -175,4 +189,5 @@ __all__ = [
     "ResponseOutput",
     "State",
     "TensorData",
+    "UInt64",
 ]

@@ -63,3 +63,9 @@ def textgen_server() -> Iterator[RunningServer]:
     server = start_server(STREAMING_EXAMPLES)
     yield server
     server.stop()
+
+
+# session fixtures of the gRPC tests (a server on a copy of tests/models/grpc)
+from .grpc_support import grpc_models, grpc_server  # noqa: E402
+
+__all__ = ["grpc_models", "grpc_server"]

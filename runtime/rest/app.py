@@ -18,6 +18,7 @@ from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
 from .errors import status_of
+from .repository import repository_routes
 from .sequence import read_sequence_headers, sequence_headers
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
 
     api = RestApi(dataplane)
     return Starlette(
-        routes=api.routes() + StreamingApi(api).routes() + (extra_routes or []),
+        routes=api.routes() + StreamingApi(api).routes() + repository_routes(dataplane) + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,
             HTTPException: _http_error,

@@ -1,0 +1,1 @@
+"""Stubs generated from proto/dataplane.proto by scripts/generate_grpc.py. Do not edit by hand."""

@@ -1,0 +1,136 @@
+"""The gRPC server: GRPCInferenceService, Health and reflection on one grpc.aio server.
+
+It runs in the event loop it is started from (the REST server's), listens on
+``settings.host:settings.grpc_port`` (port 0: any free port, read back), with TLS when a
+certificate and key are configured, and stops with a grace period for in-flight calls.
+The repository RPCs are also served under MLServer's separate service name
+``inference.model_repository.ModelRepositoryService`` (same messages on the wire).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from ..dataplane import DataPlane
+from ..settings import Settings
+from .generated import dataplane_pb2 as pb
+from .health import SERVICE_NAME, HealthServicer
+from .servicer import InferenceServicer
+from .streams import stream_handler
+
+logger = logging.getLogger(__name__)
+
+MLSERVER_REPOSITORY_SERVICE = "inference.model_repository.ModelRepositoryService"
+
+_UNARY: tuple[tuple[str, Any, Any], ...] = (
+    ("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse),
+    ("ServerReady", pb.ServerReadyRequest, pb.ServerReadyResponse),
+    ("ModelReady", pb.ModelReadyRequest, pb.ModelReadyResponse),
+    ("ServerMetadata", pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    ("ModelMetadata", pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+    ("ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse),
+    ("RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    ("RepositoryModelLoad", pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    ("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+)
+_REPOSITORY = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+
+
+def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.RpcMethodHandler]:
+    """The handlers of GRPCInferenceService's methods, by method name."""
+    servicer = InferenceServicer(dataplane)
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+        for name, request, response in _UNARY
+    }
+    streamed = pb.ModelStreamInferResponse if stream_format == "triton" else pb.ModelInferResponse
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        stream_handler(dataplane, stream_format),
+        request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=streamed.SerializeToString,
+    )
+    return handlers
+
+
+def _reflection_pool() -> descriptor_pool.DescriptorPool:
+    # the stubs live in a pool of their own (see scripts/generate_grpc.py): gather what
+    # reflection describes into one pool
+    pool = descriptor_pool.DescriptorPool()
+    for file in (pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
+        pool.AddSerializedFile(file.serialized_pb)
+    return pool
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.grpc_tls_certificate is None or settings.grpc_tls_private_key is None:
+        return None
+    try:
+        certificate = Path(settings.grpc_tls_certificate).read_bytes()
+        key = Path(settings.grpc_tls_private_key).read_bytes()
+    except OSError as exc:
+        raise RuntimeError(f"Cannot read the gRPC TLS certificate or key: {exc}") from exc
+    return grpc.ssl_server_credentials([(key, certificate)])
+
+
+class GrpcServer:
+    """One grpc.aio server over a DataPlane."""
+
+    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+        self.dataplane = dataplane
+        self.settings = settings
+        self.port: int | None = None
+        self.health = HealthServicer(dataplane)
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen and serve; return the port (the one picked when grpc_port is 0)."""
+        settings = self.settings
+        size = settings.grpc_max_message_length
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", size),
+                ("grpc.max_receive_message_length", size),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
+        repository = {name: handlers[name] for name in _REPOSITORY}
+        for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
+            server.add_registered_method_handlers(service, table)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+            pool=_reflection_pool(),
+        )
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        address = f"{host}:{settings.grpc_port}"
+        credentials = _credentials(settings)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+        await server.start()
+        await self.health.start()
+        self._server, self.port = server, port
+        scheme = "grpcs" if credentials is not None else "grpc"
+        logger.info("gRPC server listening on %s://%s:%d", scheme, settings.host, port)
+        return port
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give those in flight ``grace`` seconds, then cancel what remains."""
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)

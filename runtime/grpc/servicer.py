@@ -1,0 +1,122 @@
+"""The unary RPCs of GRPCInferenceService: translate, call the DataPlane, translate back.
+
+Every core error leaves through the one table in ``errors.py``; anything else is logged and
+answered INTERNAL, and the server serves on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from ..dataplane import DataPlane
+from ..errors import InvalidInput, ServerError
+from .converters import (
+    headers_of,
+    model_metadata_to_proto,
+    repository_index_to_proto,
+    request_from_proto,
+    response_to_proto,
+    server_metadata_to_proto,
+)
+from .errors import code_of
+from .generated import dataplane_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
+
+
+def guarded(method: Handler[Request, Response]) -> Handler[Request, Response]:
+    """Answer a core error with its status code, and anything unexpected with INTERNAL."""
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Response:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except ServerError as exc:
+            code, message = code_of(exc), exc.message
+        except Exception as exc:
+            logger.exception("Unexpected error serving %s", method.__name__)
+            code, message = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+        await context.abort(code, message)
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    return handler
+
+
+class InferenceServicer:
+    """GRPCInferenceService's unary methods over one DataPlane (streams: ``streams.py``)."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    @guarded
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    @guarded
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    @guarded
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        ready = self.dataplane.model_ready(request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=ready)
+
+    @guarded
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return server_metadata_to_proto(self.dataplane.metadata())
+
+    @guarded
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        meta = await self.dataplane.model_metadata(request.name, request.version or None)
+        return model_metadata_to_proto(meta)
+
+    @guarded
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        name, version = request.model_name, request.model_version or None
+        self.dataplane.check_model(name, version)
+        response = await self.dataplane.infer(request_from_proto(request), name, version)
+        message = response_to_proto(response, bool(request.raw_input_contents))
+        if response.parameters is not None and response.parameters.headers:
+            context.set_trailing_metadata(headers_of(response.parameters))
+        return message
+
+    @guarded
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        return repository_index_to_proto(await self.dataplane.repository_index(ready_only=request.ready))
+
+    @guarded
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        if request.parameters:
+            raise InvalidInput(
+                f"Loading with parameters ({', '.join(sorted(request.parameters))}) is not supported: "
+                "models load from the model-settings.json in the repository folder"
+            )
+        await self.dataplane.repository_load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @guarded
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        # Triton's unload_dependents has no meaning here: models do not depend on each other
+        await self.dataplane.repository_unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
