@@ -57,17 +57,18 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
             np.testing.assert_allclose(chunked[n], whole[0].numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_lstm_client_example() -> None:
+def test_lstm_client_example_over_rest_and_one_grpc_stream() -> None:
+    """The same utterances over REST (one request at a time per utterance) and over one pipelined
+    gRPC stream (every chunk sent at once) must get the same answers: same state, same order."""
     server = start_server(EXAMPLE.parent)
+    client = [sys.executable, str(ROOT / "examples" / "clients" / "lstm_client.py"), "--sequences", "8"]
     try:
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "clients" / "lstm_client.py"), server.http_url, "--sequences", "8"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        rest = subprocess.run([*client, server.http_url], capture_output=True, text=True, timeout=120, check=True)
+        grpc = subprocess.run(
+            [*client, "--grpc", server.grpc_address], capture_output=True, text=True, timeout=120, check=True
         )
     finally:
         server.stop()
-    assert result.stdout.count("utt-") == 8
-    assert "40 chunks in" in result.stdout
+    answers = [line for line in rest.stdout.splitlines() if line.startswith("utt-")]
+    assert len(answers) == 8 and "40 chunks in" in rest.stdout
+    assert [line for line in grpc.stdout.splitlines() if line.startswith("utt-")] == answers

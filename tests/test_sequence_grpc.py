@@ -118,7 +118,7 @@ def test_tritonclient_streams_sequences_in_triton_format(triton_server: RunningS
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         plan = [(seq, value) for value in range(1, 9) for seq in (1001, 1002, 1003)]
-        for n, (seq, value) in enumerate(plan):
+        for seq, value in plan:
             x = grpcclient.InferInput("x", [1], "INT64")
             x.set_data_from_numpy(np.array([value * (seq - 1000)], np.int64))
             client.async_stream_infer(
