@@ -1,13 +1,14 @@
 """Sequence batching of the LSTM example: steps per second, batched against each request alone.
 
-    python3 benchmarks/bench_sequence.py [--seconds 5] [--frames 10] [--sequences 1 16 128]
+    python3 benchmarks/bench_sequence.py [--seconds 5] [--frames 10] [--sequences 1 16 128] [--transports rest grpc]
 
 One server serves two copies of ``examples/sequences/lstm`` at its full size (80 features per frame,
 2 LSTM layers of 512, 32 classes): ``lstm`` with sequence batching (up to 128 sequences per
 batch) and ``lstm-alone`` with ``max_batch_size: 1``, the same model serving each request alone.
-For N concurrent sequences, N keep-alive connections each run one sequence closed-loop over REST:
-START, then one chunk of ``--frames`` frames per request (binary tensors both ways), the next
-chunk sent when the previous answer arrives. Throughput is steps (requests) per second of all
+For N concurrent sequences, N clients each run one sequence closed-loop: START, then one chunk of
+``--frames`` frames per request, the next chunk sent when the previous answer arrives. Over REST
+each sequence has its own keep-alive connection (binary tensors both ways); over gRPC each has its
+own ``ModelStreamInfer`` stream on one shared channel (raw tensors both ways). Throughput is steps (requests) per second of all
 sequences together; the ratio is batched / alone, measured in the same run. Client and server
 share the machine, so absolute figures depend on what else runs on it.
 """
@@ -22,14 +23,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import start_server  # noqa: E402
+from runtime.grpc.generated import dataplane_pb2 as pb  # noqa: E402
+from runtime.grpc.generated import dataplane_pb2_grpc  # noqa: E402
+from tests.servers import RunningServer, start_server  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 
@@ -82,15 +87,48 @@ async def sequence(address: str, model: str, n: int, tag: str, frames: int, stop
         writer.close()
 
 
-async def measure(address: str, model: str, sequences: int, frames: int, seconds: float, tag: str) -> float:
+def grpc_request(model: str, sequence: str, chunk: np.ndarray, start: bool = False, end: bool = False) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    request.parameters["sequence_id"].string_param = sequence
+    request.parameters["sequence_start"].bool_param = start
+    request.parameters["sequence_end"].bool_param = end
+    request.inputs.add(name="frames", datatype="FP32", shape=list(chunk.shape))
+    request.raw_input_contents.append(chunk.tobytes())
+    return request
+
+
+async def grpc_sequence(
+    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, model: str, n: int, tag: str, frames: int, stop_at: float, counts: list[int]
+) -> None:
+    chunk = np.random.default_rng(n).standard_normal((frames, 80), dtype=np.float32)
+    name = f"{tag}-{n}"
+    call = stub.ModelStreamInfer()
+
+    async def exchange(request: pb.ModelInferRequest) -> None:
+        await call.write(request)
+        response = await call.read()
+        if "error" in response.parameters:
+            raise RuntimeError(response.parameters["error"].string_param)
+
+    await exchange(grpc_request(model, name, chunk, start=True))
+    step = grpc_request(model, name, chunk)
+    while time.perf_counter() < stop_at:
+        await exchange(step)
+        counts[n] += 1
+    await exchange(grpc_request(model, name, chunk, end=True))
+    await call.done_writing()
+
+
+async def measure(
+    target: Any, transport: str, model: str, sequences: int, frames: int, seconds: float, tag: str
+) -> float:
     """Steps per second of ``sequences`` closed-loop sequences, counted over ``seconds`` after a warm-up."""
     counts = [0] * sequences
     warm = 0.2 * seconds + 0.3
     began = time.perf_counter()
-    runs = [
-        asyncio.create_task(sequence(address, model, n, tag, frames, began + warm + seconds, counts))
-        for n in range(sequences)
-    ]
+    stop_at = began + warm + seconds
+    one = sequence if transport == "rest" else grpc_sequence
+    runs = [asyncio.create_task(one(target, model, n, tag, frames, stop_at, counts)) for n in range(sequences)]
     await asyncio.sleep(warm)
     at_start, t0 = sum(counts), time.perf_counter()
     await asyncio.sleep(seconds)
@@ -99,19 +137,25 @@ async def measure(address: str, model: str, sequences: int, frames: int, seconds
     return (done - at_start) / (t1 - t0)
 
 
-async def run(address: str, args: argparse.Namespace) -> list[tuple[int, float, float]]:
-    rows = []
-    for n in args.sequences:
-        # alternate the two models in short slices, so that a change of load on a shared machine
-        # weighs on both alike
-        slices = max(1, args.rounds)
-        batched = alone = 0.0
-        for r in range(slices):
-            batched += await measure(address, "lstm", n, args.frames, args.seconds / slices, f"b{n}-{r}") / slices
-            alone += await measure(address, "lstm-alone", n, args.frames, args.seconds / slices, f"a{n}-{r}") / slices
-        rows.append((n, batched, alone))
-        print(f"N={n:4d}  batched {batched:8.1f} steps/s   alone {alone:8.1f} steps/s   ratio {batched / alone:5.2f}x", flush=True)
-    return rows
+async def run(server: RunningServer, args: argparse.Namespace) -> None:
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        targets = {"rest": server.http_address, "grpc": dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)}
+        for transport in args.transports:
+            for n in args.sequences:
+                # alternate the two models in short slices, so that a change of load on a shared
+                # machine weighs on both alike
+                slices = max(1, args.rounds)
+                batched = alone = 0.0
+                for r in range(slices):
+                    seconds, tag = args.seconds / slices, f"{transport}{n}-{r}"
+                    target = targets[transport]
+                    batched += await measure(target, transport, "lstm", n, args.frames, seconds, "b" + tag) / slices
+                    alone += await measure(target, transport, "lstm-alone", n, args.frames, seconds, "a" + tag) / slices
+                print(
+                    f"{transport:4s} N={n:4d}  batched {batched:8.1f} steps/s   alone {alone:8.1f} steps/s   "
+                    f"ratio {batched / alone:5.2f}x",
+                    flush=True,
+                )
 
 
 def main() -> None:
@@ -120,6 +164,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=10, help="frames (of 80 features) per request")
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 16, 128])
     parser.add_argument("--max-batch-time", type=float, default=0.005, help="batch window of the batched model (s)")
+    parser.add_argument("--transports", nargs="+", choices=["rest", "grpc"], default=["rest", "grpc"])
     parser.add_argument("--rounds", type=int, default=2, help="alternating slices per configuration")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of the server")
     args = parser.parse_args()
@@ -130,10 +175,10 @@ def main() -> None:
             import uvloop
 
             print(
-                f"LSTM 80 -> 2 x 512 -> 32, {args.frames} frames per step, REST, {args.seconds:g} s per configuration",
+                f"LSTM 80 -> 2 x 512 -> 32, {args.frames} frames per step, {args.seconds:g} s per configuration",
                 flush=True,
             )
-            uvloop.run(run(server.http_address, args))
+            uvloop.run(run(server, args))
         finally:
             server.stop()
 
