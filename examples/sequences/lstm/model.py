@@ -5,7 +5,8 @@ Speech-like sizes: 80 input features per frame (log-mel), 2 LSTM layers of 512, 
 ``frames: FP32 [T, 80]``, and gets ``logits: FP32 [T, 32]`` for them; the LSTM's (h, c) after the
 chunk is the sequence's state, kept by the server until the next chunk. Requests of many sequences
 share one batched LSTM call (chunks of equal length are stacked; other lengths run as their own
-group), in a thread so that the event loop keeps serving. The weights are random (seeded): the
+group), in one worker thread so that the event loop keeps serving; ``torch_threads`` in the
+settings' ``extra`` sets that thread's intra-op thread count. The weights are random (seeded): the
 example shows the serving, not a trained model.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -45,14 +47,22 @@ class StreamingLSTM(SequenceModel):
         self.hidden = int(extra.get("hidden", 512))
         self.layers = int(extra.get("layers", 2))
         self.classes = int(extra.get("classes", 32))
-        if "torch_threads" in extra:
-            torch.set_num_threads(int(extra["torch_threads"]))
         torch.manual_seed(int(extra.get("seed", 0)))
         self.net = Net(self.features, self.hidden, self.layers, self.classes).eval()
+        # one worker thread runs every torch call, with its own intra-op thread count (a thread
+        # count set elsewhere does not carry over to other threads)
+        threads = int(extra.get("torch_threads", torch.get_num_threads()))
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"model-{self.name}", initializer=torch.set_num_threads, initargs=(threads,)
+        )
+        return True
+
+    async def unload(self) -> bool:
+        await asyncio.to_thread(self.executor.shutdown, wait=True)
         return True
 
     async def predict_sequences(self, steps: list[SequenceStep]) -> list[InferenceResponse | BaseException]:
-        return await asyncio.to_thread(self._run, steps)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._run, steps)
 
     def _run(self, steps: list[SequenceStep]) -> list[InferenceResponse | BaseException]:
         results: list[InferenceResponse | BaseException] = [InvalidInput("unanswered")] * len(steps)
