@@ -260,3 +260,24 @@ async def test_metadata_shows_every_sequence_setting_and_the_extension(inprocess
         assert scheduling[name] == value, name
     stats = scheduling["stats"]
     assert stats["open_sequences"] == 1 and stats["steps"] == 1 and stats["states_held"] == 1
+
+
+async def test_a_failing_state_store_fails_its_batch_and_the_batcher_serves_on(inprocess: InProcess) -> None:
+    from runtime.sequences import LRUStateStore
+
+    class Flaky(LRUStateStore):
+        broken = True
+
+        async def save(self, items):  # type: ignore[no-untyped-def]
+            if self.broken:
+                self.broken = False
+                raise OSError("state store unreachable")
+            return await super().save(items)
+
+    await serve(inprocess)
+    scheduler(inprocess).store = Flaky(10)
+    async with inprocess.client() as client:
+        failed = await step(client, 1, sequence_id="s", sequence_start=True)
+        assert failed.status_code == 500 and "state store unreachable" in failed.json()["error"]
+        assert total(await step(client, 2, sequence_id="s")) == 2  # the failed step kept no state: none, as before START
+        assert total(await step(client, 2, sequence_id="s")) == 4

@@ -258,38 +258,44 @@ class SequenceScheduler(Scheduler):
     # ------------------------------------------------------------------ the worker
 
     async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            await self._drain_notices()
-            batch = self._take(self.max_batch)
-            if not batch:
-                self._wake.clear()
-                if self._ready or self._notices:
-                    continue
-                self._quiet.set()
-                await self._wake.wait()
-                continue
-            self._quiet.clear()
-            if self.max_wait > 0:
-                deadline = loop.time() + self.max_wait
-                while len(batch) < self.max_batch and len(self.sequences.active) > len(batch):
-                    more = self._take(self.max_batch - len(batch))
-                    if more:
-                        batch += more
-                        continue
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), remaining)
-                    except asyncio.TimeoutError:
-                        break
+            batch: list[Pending] = []
             try:
+                await self._drain_notices()
+                batch = self._take(self.max_batch)
+                if not batch:
+                    self._wake.clear()
+                    if self._ready or self._notices:
+                        continue
+                    self._quiet.set()
+                    await self._wake.wait()
+                    continue
+                self._quiet.clear()
+                await self._fill(batch)
                 await self._run_batch(batch)
             except Exception as exc:  # a bug or a failing state store: fail the batch, keep serving
-                logger.exception("Sequence batch of model %r failed", self.settings.name)
+                logger.exception("Sequence batcher of model %r failed", self.settings.name)
                 self._abandon(batch, exc)
+
+    async def _fill(self, batch: list[Pending]) -> None:
+        """Wait up to ``max_batch_time`` for more ready sequences, unless no other sequence is open."""
+        if self.max_wait <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait
+        while len(batch) < self.max_batch and len(self.sequences.active) > len(batch):
+            more = self._take(self.max_batch - len(batch))
+            if more:
+                batch += more
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
 
     async def _run_batch(self, batch: list[Pending]) -> None:
         await self._drain_notices()
@@ -322,22 +328,21 @@ class SequenceScheduler(Scheduler):
         finally:
             self._running = 0
 
-        # answer the callers first: END is served, then the model is told
-        ends: list[bool] = []
-        keep: list[tuple[str, Any]] = []
-        for pending, step, result in zip(batch, steps, results, strict=True):
-            if isinstance(result, InferenceResponse):
-                ends.append(step.ends)
-                mark_response(result, pending.control, ends[-1])
-                if not ends[-1]:
-                    keep.append((step.sequence_id, step.state))
-                if not pending.future.done():
-                    pending.future.set_result(result)
-            else:
-                ends.append(pending.control.end)
-                if not pending.future.done():
-                    pending.future.set_exception(_as_error(result, self.settings.name))
+        # keep the new states, then answer the callers (a state that could not be kept fails its
+        # batch rather than leave a sequence to go on from a stale state), then tell the model of
+        # the sequences that ended: END is served first, then the model is told
+        ok = [isinstance(result, InferenceResponse) for result in results]
+        ends = [step.ends if good else pending.control.end for pending, step, good in zip(batch, steps, ok, strict=True)]
+        keep = [(step.sequence_id, step.state) for step, good, ended in zip(steps, ok, ends, strict=True) if good and not ended]
         evicted = await self.store.save(keep) if keep else []
+        for pending, result, ended in zip(batch, results, ends, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(result, InferenceResponse):
+                mark_response(result, pending.control, ended)
+                pending.future.set_result(result)
+            else:
+                pending.future.set_exception(_as_error(result, self.settings.name))
 
         for pending, step, ended, result in zip(batch, steps, ends, results, strict=True):
             seq = pending.sequence
@@ -379,8 +384,13 @@ class SequenceScheduler(Scheduler):
             pending.running = False
             if not pending.future.done():
                 pending.future.set_exception(_as_error(exc, self.settings.name))
-            if seq.queue and self.sequences.current(seq) and not seq.in_ready:
-                self._push(seq)
+            if not self.sequences.current(seq):
+                continue
+            if seq.queue:
+                if not seq.in_ready:
+                    self._push(seq)
+            elif self.idle_s and seq.live and seq.idle_timer is None:
+                seq.idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self._on_idle, seq)
 
     async def _tell(self, key: str, reason: EndReason, state: Any) -> None:
         self.sequences.ended_by[reason] += 1
