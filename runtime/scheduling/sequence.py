@@ -378,15 +378,22 @@ class SequenceScheduler(Scheduler):
                 self._push(seq)
 
     def _abandon(self, batch: list[Pending], exc: Exception) -> None:
+        """After an unexpected failure: fail what was not answered and put the sequences back in play."""
         for pending in batch:
+            if not pending.running:
+                continue  # already settled before the failure
             seq = pending.sequence
+            if pending.future.cancelled():
+                self._cancelled(pending)
             seq.running = None
             pending.running = False
             if not pending.future.done():
                 pending.future.set_exception(_as_error(exc, self.settings.name))
             if not self.sequences.current(seq):
                 continue
-            if seq.queue:
+            if seq.pending_end == "cancel" or (seq.pending_end == "timeout" and not seq.queue):
+                self._end_soon(seq, seq.pending_end)
+            elif seq.queue:
                 if not seq.in_ready:
                     self._push(seq)
             elif self.idle_s and seq.live and seq.idle_timer is None:
