@@ -85,6 +85,9 @@ class DataPlane:
             meta.parameters.scheduling = entry.scheduler.describe()  # type: ignore[attr-defined]
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
+        if entry.scheduler is not None:  # how the model is scheduled, with every batching setting
+            own = meta.parameters.model_dump(exclude_none=True) if meta.parameters else {}
+            meta.parameters = Parameters(**{**entry.scheduler.describe(), **own})
         return meta
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:

@@ -199,7 +199,22 @@ class ModelSettings(BaseSettings):
     """Most requests merged into one batch; 0 or 1 turns batching off."""
 
     max_batch_time: float = Field(default=0.0, ge=0)
-    """Most seconds the first request of a batch waits for others to join it."""
+    """Most seconds the first request of a batch waits for others to join it. Adaptive batching
+    is on when ``max_batch_size`` > 1 and this is > 0 (as in MLServer)."""
+
+    max_concurrent_batches: int = Field(default=1, ge=1)
+    """Most batches of this model whose ``predict`` runs at once (adaptive batching); the next
+    batch forms while these run. Raise it for models that ``predict`` on a thread pool or a
+    device that overlaps calls."""
+
+    max_queue_size: int = Field(default=1024, ge=1)
+    """Most requests waiting in this model's batching queue (Triton's ``max_queue_size``);
+    a request beyond it gets 503 at once."""
+
+    queue_timeout: float = Field(default=0.0, ge=0)
+    """Most seconds a request waits in the batching queue before it gets 503; 0: no limit
+    (Triton's ``default_timeout_microseconds``, in seconds). A request's own OIP ``timeout``
+    parameter (microseconds) can shorten it, not lengthen it."""
 
     # ---- sequence batching (stateful models); see runtime.sequences
 

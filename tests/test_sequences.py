@@ -255,7 +255,7 @@ async def test_metadata_shows_every_sequence_setting_and_the_extension(inprocess
         "max_sequence_idle_ms": 5000,
         "sequence_timeout_ms": 0,
         "sequence_state_capacity": 1000,
-        "stateless_requests": False,
+        "stateless_requests": None,
     }.items():
         assert scheduling[name] == value, name
     stats = scheduling["stats"]

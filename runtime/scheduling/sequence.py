@@ -32,12 +32,11 @@ from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
 from ..sequences.identity import SequenceControl, mark_response, parse_control
 from ..sequences.lifecycle import Pending, Sequence, Sequences
-from ..sequences.model import EndReason, SequenceModel, SequenceStep, serves_stateless
+from ..sequences.model import EndReason, SequenceModel, SequenceStep
 from ..sequences.store import LRUStateStore, StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
-from .direct import DirectScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,13 @@ STREAM_WINDOW = 64
 class SequenceScheduler(Scheduler):
     """The sequence batcher of one model."""
 
-    def __init__(self, model: MLModel, settings: ModelSettings, store: StateStore | None = None) -> None:
+    def __init__(
+        self,
+        model: MLModel,
+        settings: ModelSettings,
+        store: StateStore | None = None,
+        stateless: Scheduler | None = None,
+    ) -> None:
         super().__init__(model, settings)
         if not isinstance(model, SequenceModel):
             raise TypeError(
@@ -66,7 +71,8 @@ class SequenceScheduler(Scheduler):
         self.max_wait = settings.max_batch_time
         self.idle_s = settings.max_sequence_idle_ms / 1000
         self.life_s = settings.sequence_timeout_ms / 1000
-        self.stateless: Scheduler | None = DirectScheduler(model, settings) if serves_stateless(model) else None
+        self.stateless = stateless
+        """Serves requests outside any sequence (None: the model answers them 400)."""
         self._ready: list[tuple[int, Sequence]] = []
         self._notices: deque[tuple[str, EndReason]] = deque()
         self._arrivals = itertools.count()
@@ -82,6 +88,8 @@ class SequenceScheduler(Scheduler):
     # ------------------------------------------------------------------ lifecycle of the scheduler
 
     async def start(self) -> None:
+        if self.stateless is not None:
+            await self.stateless.start()
         self._worker = asyncio.create_task(self._work(), name=f"sequence-batcher:{self.settings.name}")
 
     async def stop(self) -> None:
@@ -103,6 +111,8 @@ class SequenceScheduler(Scheduler):
                 await self._tell(seq.key, "unload", await self.store.pop(seq.key))
             self.sequences.settle(seq, "unload", everything=True)
         await self.store.clear()
+        if self.stateless is not None:
+            await self.stateless.stop()
 
     # ------------------------------------------------------------------ requests
 
@@ -474,7 +484,7 @@ class SequenceScheduler(Scheduler):
             "sequence_timeout_ms": s.sequence_timeout_ms,
             "sequence_state_capacity": self.store.capacity,
             "sequence_ended_memory": s.sequence_ended_memory,
-            "stateless_requests": self.stateless is not None,
+            "stateless_requests": self.stateless.describe() if self.stateless is not None else None,
             "stats": {
                 "open_sequences": len(seqs.active),
                 "queued_requests": seqs.queued,
