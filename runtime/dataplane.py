@@ -79,10 +79,6 @@ class DataPlane:
         entry = self.registry.get(name, version)
         assert entry.model is not None
         meta = await entry.model.metadata()
-        if entry.scheduler is not None:
-            if meta.parameters is None:
-                meta.parameters = Parameters()
-            meta.parameters.scheduling = entry.scheduler.describe()  # type: ignore[attr-defined]
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
         if entry.scheduler is not None:  # how the model is scheduled, with every batching setting

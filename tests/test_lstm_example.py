@@ -47,7 +47,7 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
 
     async with inprocess.client() as client:
         chunked = await asyncio.gather(*(stream(client, n) for n in range(8)))
-        stats = (await client.get("/v2/models/lstm")).json()["parameters"]["scheduling"]["stats"]
+        stats = (await client.get("/v2/models/lstm")).json()["parameters"]["stats"]
     assert stats["largest_batch"] > 1 and stats["open_sequences"] == 0 and stats["ended"]["end"] == 8
     assert isinstance(model, import_model_class(settings))
     with torch.inference_mode():

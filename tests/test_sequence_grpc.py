@@ -161,7 +161,7 @@ def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub)
     stats_url = f"{server.http_url}/v2/models/recorder"
 
     def stats() -> dict[str, Any]:
-        return httpx.get(stats_url).json()["parameters"]["scheduling"]["stats"]
+        return httpx.get(stats_url).json()["parameters"]["stats"]
 
     def wait_for(condition: Any) -> None:
         deadline = time.monotonic() + 20

@@ -45,7 +45,7 @@ def connect(server: RunningServer) -> socket.socket:
 
 def stats(server: RunningServer) -> dict[str, Any]:
     meta = httpx.get(f"{server.http_url}/v2/models/recorder", timeout=10).json()
-    return meta["parameters"]["scheduling"]["stats"]
+    return meta["parameters"]["stats"]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -56,9 +56,12 @@ async def test_unknown_ids_and_stateless_requests_are_refused_with_a_reason(inpr
 
 
 async def test_a_model_with_predict_also_serves_stateless_requests(inprocess: InProcess) -> None:
-    await serve(inprocess, cls=StatelessToo)
+    await serve(inprocess, cls=StatelessToo, max_batch_size=4, max_batch_time=0.001)
     async with inprocess.client() as client:
-        assert total(await step(client, 7)) == 7
+        answer = await step(client, 7)
+        assert total(answer) == 7 and answer.json()["parameters"]["batch_size"] == 1  # adaptive batching
+        meta = (await client.get("/v2/models/seq")).json()["parameters"]
+        assert meta["scheduler"] == "sequence" and meta["stateless_requests"]["scheduler"] == "adaptive"
         assert total(await step(client, 7, sequence_start=True, sequence_id=1)) == 7
         assert total(await step(client, 1, sequence_id=1)) == 8
 
@@ -116,7 +119,7 @@ async def test_capacity_gives_503_on_start_and_frees_on_end(inprocess: InProcess
         assert full.status_code == 503 and "max_sequences" in full.json()["error"]
         await step(client, 1, sequence_id="a", sequence_end=True)
         assert total(await step(client, 1, sequence_id="c", sequence_start=True)) == 1
-        stats = (await client.get("/v2/models/seq")).json()["parameters"]["scheduling"]["stats"]
+        stats = (await client.get("/v2/models/seq")).json()["parameters"]["stats"]
         assert stats["rejected"]["capacity"] == 1 and stats["open_sequences"] == 2
 
 
@@ -241,7 +244,7 @@ async def test_metadata_shows_every_sequence_setting_and_the_extension(inprocess
     async with inprocess.client() as client:
         assert "sequence" in (await client.get("/v2")).json()["extensions"]
         await client.post("/v2/models/seq/infer", json=body(1, sequence_id=1, sequence_start=True))
-        scheduling = (await client.get("/v2/models/seq")).json()["parameters"]["scheduling"]
+        scheduling = (await client.get("/v2/models/seq")).json()["parameters"]
         config = (await client.get("/v2/models/seq/config")).json()
     assert scheduling["scheduler"] == "sequence"
     batching = config["sequence_batching"]  # what perf_analyzer looks for before sending sequences
@@ -255,7 +258,7 @@ async def test_metadata_shows_every_sequence_setting_and_the_extension(inprocess
         "max_sequence_idle_ms": 5000,
         "sequence_timeout_ms": 0,
         "sequence_state_capacity": 1000,
-        "stateless_requests": None,
+        "stateless_requests": "refused",
     }.items():
         assert scheduling[name] == value, name
     stats = scheduling["stats"]

@@ -106,7 +106,7 @@ async def main() -> None:
         return
     async with httpx.AsyncClient(base_url=args.url, timeout=60) as client:
         results = await asyncio.gather(*(utterance(client, n, args.chunks) for n in range(args.sequences)))
-        scheduling = (await client.get("/v2/models/lstm")).json()["parameters"]["scheduling"]
+        scheduling = (await client.get("/v2/models/lstm")).json()["parameters"]
     seconds = time.perf_counter() - began
     for name, best in results:
         print(f"{name}: best class of each chunk's last frame {best}")

@@ -484,7 +484,7 @@ class SequenceScheduler(Scheduler):
             "sequence_timeout_ms": s.sequence_timeout_ms,
             "sequence_state_capacity": self.store.capacity,
             "sequence_ended_memory": s.sequence_ended_memory,
-            "stateless_requests": self.stateless.describe() if self.stateless is not None else None,
+            "stateless_requests": self.stateless.describe() if self.stateless is not None else "refused",
             "stats": {
                 "open_sequences": len(seqs.active),
                 "queued_requests": seqs.queued,
