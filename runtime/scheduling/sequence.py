@@ -1,7 +1,8 @@
 """Sequence batching: stateful models served one step per sequence per batch, with their state kept.
 
-One worker task per model does every model call (``predict_sequences`` and ``sequence_ended``), so
-a model never sees two calls at once and the state store needs no locks. Requests wait in their
+One worker task per model makes every ``predict_sequences`` and ``sequence_ended`` call, so a model
+never sees two of them at once and the state store needs no locks (requests outside any sequence
+go to ``predict`` through the ``stateless`` scheduler, as for any model). Requests wait in their
 sequence's queue; a sequence with a waiting request and nothing running is *ready*. The worker
 takes the head request of ready sequences, oldest first, up to ``max_batch_size``; it waits at
 most ``max_batch_time`` for more, and not at all once every open sequence is in the batch (no
@@ -37,13 +38,9 @@ from ..sequences.store import LRUStateStore, StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
+from .sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
-
-_DONE = object()
-
-STREAM_WINDOW = 64
-"""Most requests of one stream admitted but not yet answered (it reads no further until one is)."""
 
 
 class SequenceScheduler(Scheduler):
@@ -119,10 +116,10 @@ class SequenceScheduler(Scheduler):
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         control = parse_control(request.parameters)
         if control is None:
-            return await self._stateless(request)
-        return await self._submit(request, control).future
+            return await self.serve_stateless(request)
+        return await self.submit(request, control).future
 
-    async def _stateless(self, request: InferenceRequest) -> InferenceResponse:
+    async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse:
         if self.stateless is None:
             raise InvalidInput(
                 f"Model {self.settings.name!r} serves only sequences: send sequence_start=true to start one "
@@ -130,7 +127,7 @@ class SequenceScheduler(Scheduler):
             )
         return await self.stateless.infer(request)
 
-    def _submit(self, request: InferenceRequest, control: SequenceControl) -> Pending:
+    def submit(self, request: InferenceRequest, control: SequenceControl) -> Pending:
         """Admit a request into its sequence's queue (or raise at once) and return its pending entry."""
         if self._stopping:
             raise ShuttingDown(f"Model {self.settings.name!r} is unloading")
@@ -157,83 +154,7 @@ class SequenceScheduler(Scheduler):
         return done
 
     def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
-        return self._stream(requests)
-
-    async def _stream(
-        self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
-        """Serve a stream of requests (e.g. a gRPC stream carrying several sequences).
-
-        Requests are read ahead and admitted as they arrive, at most ``STREAM_WINDOW`` unanswered,
-        so that the sequences of one stream share batches; they are answered in the order they came,
-        each response tagged with its request's id. A request whose sequence queue is full of this
-        stream's own earlier requests waits for room (back-pressure) instead of being refused. A
-        request that is refused or fails is reported in band (``RequestFailed``) and the stream goes
-        on. Closing the stream cancels its unanswered requests (and so their sequences).
-        """
-        window: asyncio.Queue[Any] = asyncio.Queue(STREAM_WINDOW)
-        mine: dict[str, deque[asyncio.Future[InferenceResponse]]] = {}
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    await window.put((request, await self._stream_admit(request, mine)))
-                await window.put(_DONE)
-            except Exception as exc:  # the request stream itself failed
-                await window.put(exc)
-
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                got = await window.get()
-                if got is _DONE:
-                    return
-                if isinstance(got, Exception):
-                    raise got
-                request, item = got
-                if isinstance(item, Exception):
-                    yield RequestFailed(item, request.id)
-                    continue
-                try:
-                    response = await item
-                except Exception as exc:
-                    yield RequestFailed(exc, request.id)
-                    continue
-                if request.id is not None:
-                    response.id = request.id
-                yield response
-        finally:
-            reader.cancel()
-            while not window.empty():
-                left = window.get_nowait()
-                if isinstance(left, tuple) and isinstance(left[1], asyncio.Future):
-                    left[1].cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-
-    async def _stream_admit(
-        self, request: InferenceRequest, mine: dict[str, deque[asyncio.Future[InferenceResponse]]]
-    ) -> asyncio.Future[InferenceResponse] | Exception:
-        """Admit one request of a stream: its future, or the error that refused it."""
-        try:
-            control = parse_control(request.parameters)
-            if control is None:
-                return asyncio.ensure_future(self._stateless(request))
-            own = mine.setdefault(control.key, deque())
-            while own:
-                while own and own[0].done():
-                    own.popleft()
-                seq = self.sequences.active.get(control.key)
-                if not own or seq is None or len(seq.queue) < self.sequences.max_queue:
-                    break
-                await asyncio.wait({own[0]})  # this stream's own requests fill the queue: wait for room
-            future = self._submit(request, control).future
-            own.append(future)
-            if len(mine) > STREAM_WINDOW:  # forget sequences this stream no longer has requests in
-                for key in [key for key, futures in mine.items() if all(f.done() for f in futures)]:
-                    del mine[key]
-            return future
-        except Exception as exc:
-            return exc
+        return serve_stream(self, requests)
 
     # ------------------------------------------------------------------ the ready heap
 
