@@ -1,4 +1,5 @@
-"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back."""
+"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back; or a
+real server inside the test's event loop (``serving``), whose models and DataPlane a test can read."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from runtime.server import Server
+from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"mlserver-like ready: (.*)$")
@@ -123,3 +130,17 @@ def start_server(
                 if buffer:
                     log.append(buffer.decode(errors="replace"))
                 return RunningServer(process, endpoints, log)
+
+
+@asynccontextmanager
+async def serving(*models: ModelSettings, grace: float = 5, **settings: Any) -> AsyncIterator[Server]:
+    """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
+    server = Server(
+        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings)
+    )
+    await server.start(list(models))
+    try:
+        yield server
+    finally:
+        if server.registry.entries():
+            await server.stop()
