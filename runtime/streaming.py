@@ -27,7 +27,7 @@ A scheduler whose requests fail one by one (the sequence batcher) yields ``Reque
 failed request: in band it becomes that request's ``StreamError`` and the same model stream goes on.
 
 With errors raised (``infer_stream``), the first error ends the stream. With errors in band
-(``infer_stream_in_band``, e.g. gRPC streams in Triton's format), each error is yielded as a
+(``infer_stream_in_band``, which ``runtime.routing`` uses for gRPC's ModelStreamInfer), each error is yielded as a
 :class:`StreamError` tagged with its request's id and the stream goes on: the requests that follow
 a failure are served by a fresh call of the model's ``predict_stream``.
 """

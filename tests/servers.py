@@ -1,4 +1,5 @@
-"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back.
+"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back; or a
+real server inside the test's event loop (``serving``), whose models and DataPlane a test can read.
 
 A thread drains the server's stderr into ``log`` as lines arrive, so a chatty server never blocks
 on a full pipe, and tests can wait for a line (``wait_for_log``) instead of sleeping.
@@ -13,7 +14,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+from runtime.server import Server
+from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"mlserver-like ready: (.*)$")
@@ -118,3 +125,17 @@ def start_server(
         code = server.stop(signal.SIGKILL) if process.poll() is None else server.stop()
         raise RuntimeError(f"server did not become ready (exit {code}):\n{server.read_log()}")
     return server
+
+
+@asynccontextmanager
+async def serving(*models: ModelSettings, grace: float = 5, **settings: Any) -> AsyncIterator[Server]:
+    """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
+    server = Server(
+        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings)
+    )
+    await server.start(list(models))
+    try:
+        yield server
+    finally:
+        if server.registry.entries():
+            await server.stop()
