@@ -8,6 +8,7 @@ from . import codecs, errors, types
 from .codecs import decode_args
 from .continuous import ContinuousModel, StepResult, Stream
 from .model import MLModel
+from .sequences import SequenceModel, SequenceStep
 from .settings import ModelParameters, ModelSettings, Settings
 from .version import __version__
 
@@ -16,6 +17,8 @@ __all__ = [
     "MLModel",
     "ModelParameters",
     "ModelSettings",
+    "SequenceModel",
+    "SequenceStep",
     "Settings",
     "StepResult",
     "Stream",

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import InvalidInput, ModelFailed, ModelNotFound, ShuttingDown
 from .generate import (
@@ -26,6 +26,7 @@ from .generate import (
 from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
+from .routing import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
 from .settings import ModelSettings, Settings
 from .streaming import StreamCounter, StreamError, StreamSession, sort_error
 from .tensors import dtype_of, element_count, input_array, output_array
@@ -43,7 +44,9 @@ from .types import (
 
 logger = logging.getLogger(__name__)
 
-EXTENSIONS = ("binary_tensor_data", "model_repository", "generate")
+EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
+
+T = TypeVar("T")
 
 
 class DataPlane:
@@ -150,6 +153,24 @@ class DataPlane:
         (at the first step, as with ``infer_stream``).
         """
         return self._stream(requests, name, version, in_band=True)
+
+    def infer_routed(self, items: AsyncIterator[Routed[T]]) -> AsyncGenerator[Reply[T], None]:
+        """Serve a client stream whose requests each name their model, MLServer's way.
+
+        Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
+        and the stream goes on. See ``runtime.routing`` (gRPC ModelStreamInfer, default format).
+        """
+        return in_sessions(self, items)
+
+    def infer_each(
+        self, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
+    ) -> AsyncGenerator[Reply[T], None]:
+        """Serve a client stream whose requests each name their model, Triton's way.
+
+        Every request is a stream of its own, at most ``limit`` at a time; each ends with one
+        ``last`` reply. See ``runtime.routing`` (gRPC ModelStreamInfer, Triton format).
+        """
+        return each(self, items, limit)
 
     # ------------------------------------------------------------------ generate extension
 

@@ -42,5 +42,12 @@ def model_config(settings: ModelSettings, scheduler: dict[str, Any]) -> dict[str
             "max_queue_delay_microseconds": int(settings.max_batch_time * 1_000_000),
         }
     if scheduler.get("scheduler") == "sequence":
-        config["sequence_batching"] = {key: value for key, value in scheduler.items() if key != "scheduler"}
+        config["sequence_batching"] = {
+            "max_sequence_idle_microseconds": settings.max_sequence_idle_ms * 1000,
+            "oldest": {
+                "max_candidate_sequences": settings.max_sequences,
+                "max_queue_delay_microseconds": int(settings.max_batch_time * 1_000_000),
+            },
+            **{key: value for key, value in scheduler.items() if key not in ("scheduler", "stats")},
+        }
     return config

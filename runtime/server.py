@@ -147,7 +147,12 @@ async def serve(settings: Settings) -> None:
     """Run a server until SIGINT or SIGTERM, then shut it down cleanly."""
     server = Server(settings)
     server.install_signal_handlers()
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # a port in use, an unreadable certificate…
+        logger.error("Cannot start serving on %s: %s", settings.host, exc)
+        await server.stop()
+        raise SystemExit(1) from None
     # one machine-readable line that scripts and tests wait for
     logger.info("mlserver-like ready: %s", server.endpoints())
     await server.wait()

@@ -223,6 +223,36 @@ class ModelSettings(BaseSettings):
     implements ``step``); finished streams leave and waiting ones join at every step. Streams wait to
     join in a queue of at most ``max_queue_size``, for at most ``queue_timeout`` seconds."""
 
+    # ---- sequence batching (stateful models); see runtime.sequences
+
+    sequence_batching: bool = False
+    """Serve the model with the sequence batcher: requests that share a ``sequence_id`` run in order,
+    one per batch, with the model's per-sequence state kept between them (the model implements
+    ``runtime.SequenceModel.predict_sequences``). Batches take at most ``max_batch_size`` requests of
+    different sequences, oldest first, waiting at most ``max_batch_time`` for more."""
+
+    max_sequences: int = Field(default=1000, ge=1)
+    """Most sequences open at once on this model; a START beyond it is refused at once (503)."""
+
+    max_sequence_queue_size: int = Field(default=10, ge=0)
+    """Most requests of one sequence waiting beyond the one running; one more is refused (503)."""
+
+    max_sequence_idle_ms: int = Field(default=60000, ge=0)
+    """A sequence with nothing queued and nothing running for this long ends (reason ``idle``);
+    0 turns the idle timeout off."""
+
+    sequence_timeout_ms: int = Field(default=0, ge=0)
+    """Most milliseconds a sequence may live from its START: requests accepted before then finish,
+    later ones are refused (400) and the sequence ends (reason ``timeout``). 0: no limit."""
+
+    sequence_state_capacity: int = Field(default=0, ge=0)
+    """Most sequence states the state store keeps (an LRU). Evicting a live sequence's state ends
+    that sequence (reason ``eviction``) and its next request is refused (400). 0: ``max_sequences``."""
+
+    sequence_ended_memory: int = Field(default=10000, ge=1)
+    """How many recently ended sequence ids are remembered, so that a late request to one is told
+    why it ended (instead of being told to START)."""
+
     parameters: ModelParameters | None = None
     """Parameters of this model version: uri, version, content_type, extra."""
 

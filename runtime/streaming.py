@@ -23,8 +23,11 @@ What it guarantees, whatever the transport:
 - **A bad request never reaches the model.** It ends the model's input, as if the client had
   stopped sending: the model finishes what it was doing and the error follows.
 
+A scheduler whose requests fail one by one (the sequence batcher) yields ``RequestFailed`` for a
+failed request: in band it becomes that request's ``StreamError`` and the same model stream goes on.
+
 With errors raised (``infer_stream``), the first error ends the stream. With errors in band
-(``infer_stream_in_band``, e.g. gRPC streams in Triton's format), each error is yielded as a
+(``infer_stream_in_band``, which ``runtime.routing`` uses for gRPC's ModelStreamInfer), each error is yielded as a
 :class:`StreamError` tagged with its request's id and the stream goes on: the requests that follow
 a failure are served by a fresh call of the model's ``predict_stream``.
 """
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidInput, ModelFailed, ServerError
 from .registry import ModelEntry
+from .scheduling import RequestFailed
 from .types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,8 @@ class StreamError:
 
     error: ServerError
     request_id: str | None
+    continues: bool = False
+    """True when only this request failed and the model's stream goes on (``RequestFailed``)."""
 
 
 def sort_error(model: str, exc: Exception) -> ServerError:
@@ -143,6 +149,11 @@ class StreamSession:
             async with aclosing(self._serve(first)) as items:
                 async for item in items:
                     if isinstance(item, StreamError):
+                        if item.continues:  # one request failed; the model's stream goes on
+                            if not in_band:
+                                raise item.error
+                            yield item
+                            continue
                         failure = item
                         break
                     yield item
@@ -190,6 +201,9 @@ class StreamSession:
         turn = time.monotonic()
         try:
             async for response in stream:
+                if isinstance(response, RequestFailed):
+                    yield StreamError(sort_error(self.entry.name, response.error), response.request_id, continues=True)
+                    continue
                 yield self.finish(response, self._answering(response), self.entry)
                 # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never
                 # awaits cannot starve the other streams, nor hide a disconnect or a cancellation

@@ -58,6 +58,14 @@ def example_server() -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="session")
+def streaming_server() -> Iterator[RunningServer]:
+    """The streaming test models (tests/models/streaming) served by a real server process."""
+    server = start_server(TEST_MODELS / "streaming")
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="session")
 def textgen_server() -> Iterator[RunningServer]:
     """The streaming text-generation example (torch) served by a real server process."""
     server = start_server(STREAMING_EXAMPLES)

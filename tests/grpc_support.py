@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import re
-import selectors
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,35 +67,4 @@ def raw_request(model: str, request_id: str = "", **arrays: np.ndarray) -> pb.Mo
 
 def wait_for_log(server: RunningServer, pattern: str, timeout: float = 30.0) -> str:
     """Block until the server writes a log line matching ``pattern``; return that line."""
-    regex = re.compile(pattern)
-    for line in server.log:
-        if regex.search(line):
-            return line
-    stream = server.process.stderr
-    assert stream is not None
-    selector = selectors.DefaultSelector()
-    selector.register(stream, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    try:
-        while (remaining := deadline - time.monotonic()) > 0:
-            if not selector.select(remaining):
-                continue
-            chunk = os.read(stream.fileno(), 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            found = None
-            for raw in lines:
-                line = raw.decode(errors="replace")
-                server.log.append(line)
-                if found is None and regex.search(line):
-                    found = line
-            if found is not None:
-                if buffer:  # keep a partial line for the next reader
-                    server.log.append(buffer.decode(errors="replace"))
-                return found
-    finally:
-        selector.close()
-    raise TimeoutError(f"no log line matched {pattern!r}:\n" + "\n".join(server.log[-20:]))
+    return server.wait_for_log(pattern, timeout)

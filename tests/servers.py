@@ -1,26 +1,65 @@
-"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back."""
+"""Real servers for tests: a subprocess on 127.0.0.1 with port 0, and the ports read back; or a
+real server inside the test's event loop (``serving``), whose models and DataPlane a test can read.
+
+A thread drains the server's stderr into ``log`` as lines arrive, so a chatty server never blocks
+on a full pipe, and tests can wait for a line (``wait_for_log``) instead of sleeping.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+from runtime.server import Server
+from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"mlserver-like ready: (.*)$")
 
 
-@dataclass
 class RunningServer:
-    process: subprocess.Popen[bytes]
-    endpoints: dict[str, str]
-    log: list[str] = field(default_factory=list)
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        self.endpoints: dict[str, str] = {}
+        self.log: list[str] = []
+        self._changed = threading.Condition()
+        self._eof = False
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._changed:
+                self.log.append(line)
+                match = READY.search(line)
+                if match and not self.endpoints:
+                    self.endpoints = dict(part.split("=", 1) for part in match.group(1).split())
+                self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    def _wait(self, done, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._eof:
+                    return bool(done())
+                self._changed.wait(remaining)
+            return True
 
     @property
     def http_url(self) -> str:
@@ -35,34 +74,22 @@ class RunningServer:
         return self.endpoints["grpc"]
 
     def read_log(self) -> str:
-        """Everything the server has written to stderr so far (without blocking)."""
-        stream = self.process.stderr
-        assert stream is not None
-        os.set_blocking(stream.fileno(), False)
-        try:
-            chunk = stream.read()
-        finally:
-            os.set_blocking(stream.fileno(), True)
-        if chunk:
-            self.log.extend(chunk.decode(errors="replace").splitlines())
-        return "\n".join(self.log)
+        """Everything the server has written to stderr so far."""
+        with self._changed:
+            return "\n".join(self.log)
 
-    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
-        """Block until the server's log holds ``text`` (the server says so; no sleeping)."""
-        stream = self.process.stderr
-        assert stream is not None
-        if text in self.read_log():
-            return
-        selector = selectors.DefaultSelector()
-        selector.register(stream, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                if selector.select(deadline - time.monotonic()) and text in self.read_log():
-                    return
-        finally:
-            selector.close()
-        raise TimeoutError(f"{text!r} not in the server log:\n{self.read_log()}")
+    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> str:
+        """Block until the server writes a line matching the regex ``pattern`` (no sleeping); return it."""
+        regex = re.compile(pattern)
+        found: list[str] = []
+
+        def matched() -> bool:
+            found[:] = [line for line in self.log if regex.search(line)][:1]
+            return bool(found)
+
+        if not self._wait(matched, timeout):
+            raise TimeoutError(f"no log line matched {pattern!r}:\n{self.read_log()}")
+        return found[0]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.process.poll() is None:
@@ -72,10 +99,9 @@ class RunningServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             code = self.process.wait()
-        assert self.process.stderr is not None
-        rest = self.process.stderr.read()
-        self.process.stderr.close()
-        self.log.extend(rest.decode(errors="replace").splitlines())
+        self._reader.join(timeout)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
         return code
 
 
@@ -94,32 +120,22 @@ def start_server(
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
-    assert process.stderr is not None
-    log: list[str] = []
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            process.kill()
-            raise TimeoutError("server did not become ready:\n" + "\n".join(log))
-        if not selector.select(remaining):
-            continue
-        chunk = os.read(process.stderr.fileno(), 65536)
-        if not chunk:
-            process.wait()
-            raise RuntimeError(f"server exited with {process.returncode}:\n" + "\n".join(log))
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            log.append(line)
-            match = READY.search(line)
-            if match:
-                selector.close()
-                endpoints = dict(part.split("=", 1) for part in match.group(1).split())
-                if buffer:
-                    log.append(buffer.decode(errors="replace"))
-                return RunningServer(process, endpoints, log)
+    server = RunningServer(process)
+    if not server._wait(lambda: bool(server.endpoints), timeout):
+        code = server.stop(signal.SIGKILL) if process.poll() is None else server.stop()
+        raise RuntimeError(f"server did not become ready (exit {code}):\n{server.read_log()}")
+    return server
+
+
+@asynccontextmanager
+async def serving(*models: ModelSettings, grace: float = 5, **settings: Any) -> AsyncIterator[Server]:
+    """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
+    server = Server(
+        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings)
+    )
+    await server.start(list(models))
+    try:
+        yield server
+    finally:
+        if server.registry.entries():
+            await server.stop()

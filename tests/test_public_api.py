@@ -19,6 +19,8 @@ def test_top_level_api_is_pinned() -> None:
         "MLModel",
         "ModelParameters",
         "ModelSettings",
+        "SequenceModel",
+        "SequenceStep",
         "Settings",
         "StepResult",
         "Stream",

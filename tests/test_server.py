@@ -116,3 +116,15 @@ def test_single_model_from_environment(tmp_path: Path) -> None:
         assert httpx.get(f"{server.http_url}/v2/models/envmodel/ready").status_code == 200
     finally:
         server.stop()
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run_cli("start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port))
+    assert result.returncode == 1
+    assert "Cannot start serving" in result.stderr and "Traceback" not in result.stderr

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -19,35 +17,14 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from runtime.server import Server
-from runtime.settings import ModelSettings, Settings
+from runtime.settings import ModelSettings
 
-from .servers import RunningServer, start_server
+from .servers import RunningServer, serving
 from .stream_models import Endless
 
 pytestmark = pytest.mark.anyio
 
-STREAMING_MODELS = Path(__file__).resolve().parent / "models" / "streaming"
 INFINITE = {"inputs": []}
-
-
-@pytest.fixture(scope="module")
-def streaming_server() -> Iterator[RunningServer]:
-    server = start_server(STREAMING_MODELS)
-    yield server
-    assert server.stop() == 0
-
-
-@asynccontextmanager
-async def serving(*models: ModelSettings, grace: float = 5) -> AsyncIterator[Server]:
-    """A real server in this event loop, on 127.0.0.1 and a free port."""
-    settings = Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace)
-    server = Server(settings)
-    await server.start(list(models))
-    try:
-        yield server
-    finally:
-        if server.registry.entries():
-            await server.stop()
 
 
 def endless_model(server: Server) -> Endless:

@@ -1,8 +1,12 @@
-"""The streaming text-generation example (examples/streaming/textgen) and its httpx-sse client snippet."""
+"""The streaming text-generation example (examples/streaming/textgen) and its client snippets
+(httpx-sse, and gRPC ModelStreamInfer in both wire formats)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import subprocess
+import sys
 from types import ModuleType
 from typing import Any
 from unittest.mock import ANY
@@ -11,8 +15,12 @@ import httpx
 import orjson
 import pytest
 
-from .conftest import ROOT
-from .servers import RunningServer
+from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.settings import ModelSettings
+
+from .conftest import ROOT, STREAMING_EXAMPLES
+from .grpc_support import inference_stub
+from .servers import RunningServer, serving
 
 
 def generate(server: RunningServer, text: str, **parameters: Any) -> httpx.Response:
@@ -124,3 +132,99 @@ def test_the_grpc_client_snippet_builds_oip_messages() -> None:
     typed = pb.ModelInferResponse()
     typed.outputs.add(name="text_output", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"xyz")
     assert client._text(typed) == "xyz"
+
+
+# ---------------------------------------------------------------------- gRPC ModelStreamInfer
+
+
+def textgen_request(request_id: str, prompt: str, raw: bool = False, **parameters: Any) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="textgen", id=request_id)
+    for key, value in parameters.items():
+        if isinstance(value, float):
+            request.parameters[key].double_param = value
+        else:
+            request.parameters[key].int64_param = value
+    tensor = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    if raw:
+        request.raw_input_contents.append(len(prompt.encode()).to_bytes(4, "little") + prompt.encode())
+    else:
+        tensor.contents.bytes_contents.append(prompt.encode())
+    return request
+
+
+def piece(response: pb.ModelInferResponse) -> str:
+    assert "error" not in response.parameters, response.parameters["error"].string_param
+    if response.raw_output_contents:
+        raw = response.raw_output_contents[0]
+        return raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
+    return response.outputs[0].contents.bytes_contents[0].decode()
+
+
+def test_grpc_stream_tokens_arrive_in_order_and_spell_the_unary_answer(textgen_server: RunningServer) -> None:
+    """Two prompts up one ModelStreamInfer (the second raw): each streams one character per
+    response, in order, tagged with its request, and spells what /generate answers."""
+    greedy = {"max_tokens": 40, "temperature": 0.0}
+    sampled = {"max_tokens": 30, "temperature": 0.8, "seed": 3}
+    requests = [
+        textgen_request("greedy", "In the morning", **greedy),
+        textgen_request("sampled", "The keeper", raw=True, **sampled),
+    ]
+    with inference_stub(textgen_server.grpc_address) as stub:
+        responses = list(stub.ModelStreamInfer(iter(requests)))
+    # served with continuous batching, the two prompts run at once: their responses interleave
+    assert sorted(r.id for r in responses) == ["greedy"] * 40 + ["sampled"] * 30
+    assert {r.id: bool(r.raw_output_contents) for r in responses} == {"greedy": False, "sampled": True}
+    assert max(r.parameters["batch_size"].int64_param for r in responses) == 2
+    assert all(len(piece(r)) == 1 for r in responses)
+    texts = {request_id: "".join(piece(r) for r in responses if r.id == request_id) for request_id in ("greedy", "sampled")}
+    assert texts["greedy"] == generate(textgen_server, "In the morning", **greedy).json()["text_output"]
+    assert texts["sampled"] == generate(textgen_server, "The keeper", **sampled).json()["text_output"]
+    finish = [(r.id, r.parameters["finish_reason"].string_param) for r in responses if "finish_reason" in r.parameters]
+    assert sorted(finish) == [("greedy", "length"), ("sampled", "length")]
+    for request_id in ("greedy", "sampled"):  # each one's last response is the one that says why it ended
+        assert "finish_reason" in [r for r in responses if r.id == request_id][-1].parameters
+    assert {(r.model_name, r.model_version) for r in responses} == {("textgen", "1")}
+
+
+def test_the_grpc_client_snippet_against_the_server(textgen_server: RunningServer) -> None:
+    client = load_example("textgen_grpc")
+    prompts = ["The keeper", "In the morning"]
+    texts: dict[str, str] = {}
+    for request_id, text in client.stream_text(textgen_server.grpc_address, prompts, max_tokens=30):
+        assert isinstance(text, str), text
+        texts[request_id] = texts.get(request_id, "") + text
+    for i, prompt in enumerate(prompts):
+        assert texts[f"p{i}"] == generate(textgen_server, prompt, max_tokens=30, temperature=0).json()["text_output"]
+    # errors come back in band, for their own prompt
+    [(request_id, error)] = list(client.stream_text(textgen_server.grpc_address, ["x"], max_tokens=0))
+    assert request_id == "p0" and isinstance(error, client.GenerateError)
+    assert str(error).startswith("INVALID_ARGUMENT: ") and "max_tokens" in str(error)
+    [(_, missing)] = list(client.stream_text(textgen_server.grpc_address, ["x"], model="nope"))
+    assert str(missing) == "NOT_FOUND: Model 'nope' not found"
+    # and the script itself, as the README runs it
+    script = ROOT / "examples" / "clients" / "textgen_grpc.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--address", textgen_server.grpc_address, "--max-tokens", "30", *prompts],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert run.stdout.splitlines() == [f"[p{i}] {prompt}{texts[f'p{i}']}" for i, prompt in enumerate(prompts)]
+
+
+@pytest.mark.anyio
+async def test_the_triton_client_snippet_against_a_triton_format_server() -> None:
+    """tritonclient's start_stream/async_stream_infer, unchanged, against --grpc-stream-format triton."""
+    client = load_example("textgen_grpc")
+    settings = ModelSettings.from_file(STREAMING_EXAMPLES / "textgen" / "model-settings.json")
+    async with serving(settings, grpc_stream_format="triton") as server:
+        address = f"127.0.0.1:{server.grpc_port}"
+        pieces = await asyncio.to_thread(lambda: list(client.triton_stream_text(address, "The keeper", max_tokens=25)))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=60) as http:
+            body = {"text_input": "The keeper", "parameters": {"max_tokens": 25, "temperature": 0}}
+            whole = (await http.post("/v2/models/textgen/generate", json=body)).json()["text_output"]
+        assert len(pieces) == 25 and "".join(pieces) == whole
+        with pytest.raises(client.GenerateError, match="max_tokens"):
+            await asyncio.to_thread(lambda: list(client.triton_stream_text(address, "x", max_tokens=0)))
+        assert server.dataplane.streams.active == 0

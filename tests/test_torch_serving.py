@@ -2,7 +2,8 @@
 
 The artefacts are built once per session, with fixed seeds, into a temporary folder. Every
 output the server returns must equal the model's own forward pass on the same inputs exactly
-(CPU, float32), over REST with JSON tensors and with binary tensors (tritonclient).
+(CPU, float32): over REST with JSON tensors and with binary tensors (tritonclient.http), and
+over gRPC with raw contents (tritonclient.grpc), typed contents and ModelStreamInfer (the stubs).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 
+from runtime.grpc.generated import dataplane_pb2 as pb
+
+from .grpc_support import inference_stub, raw_request
 from .servers import RunningServer, start_server
 from .torch_helpers import MODELS, OUTPUTS, build_repository, inputs_for, own_forward, own_module
 
@@ -128,3 +133,75 @@ def test_wrong_input_is_400_naming_the_tensor(
     assert response.status_code == 400
     assert expected in response.json()["error"]
     assert httpx.get(f"{torch_server.http_url}/v2/models/{folder}/ready").status_code == 200
+
+
+# ---------------------------------------------------------------------- gRPC
+
+
+def assert_equals_own_forward(
+    torch_repository: Path, folder: str, inputs: dict[str, np.ndarray], got: dict[str, np.ndarray]
+) -> None:
+    expected = own_forward(own_module(torch_repository, folder), folder, inputs)
+    assert list(got) == list(OUTPUTS[folder.split("-")[0]])
+    for name, array in expected.items():
+        assert got[name].dtype == np.float32 and got[name].shape == array.shape, name
+        assert np.array_equal(got[name], array), name
+
+
+@pytest.mark.parametrize("folder", MODELS)
+def test_grpc_raw_tritonclient_equals_own_forward(
+    torch_server: RunningServer, torch_repository: Path, folder: str
+) -> None:
+    inputs = inputs_for(folder, 3, seed=11)
+    client = triton_grpc.InferenceServerClient(torch_server.grpc_address)
+    try:
+        request_inputs = []
+        for name, array in inputs.items():
+            tensor = triton_grpc.InferInput(name, list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)  # raw_input_contents
+            request_inputs.append(tensor)
+        result = client.infer(folder, request_inputs)
+    finally:
+        client.close()
+    assert result.get_response().raw_output_contents  # answered raw, as asked
+    got = {out.name: result.as_numpy(out.name) for out in result.get_response().outputs}
+    assert_equals_own_forward(torch_repository, folder, inputs, got)
+
+
+@pytest.mark.parametrize("folder", MODELS)
+def test_grpc_typed_contents_equal_own_forward(
+    torch_server: RunningServer, torch_repository: Path, folder: str
+) -> None:
+    inputs = inputs_for(folder, 2, seed=12)
+    request = pb.ModelInferRequest(model_name=folder, id="typed")
+    for name, array in inputs.items():
+        tensor = request.inputs.add(name=name, datatype="FP32", shape=array.shape)
+        tensor.contents.fp32_contents.extend(array.ravel().tolist())
+    with inference_stub(torch_server.grpc_address) as stub:
+        response = stub.ModelInfer(request)
+    assert not response.raw_output_contents and response.id == "typed"
+    got = {
+        out.name: np.array(out.contents.fp32_contents, dtype=np.float32).reshape(list(out.shape))
+        for out in response.outputs
+    }
+    assert all(out.datatype == "FP32" for out in response.outputs)
+    assert_equals_own_forward(torch_repository, folder, inputs, got)
+
+
+def test_grpc_stream_of_torch_requests_equals_own_forward(
+    torch_server: RunningServer, torch_repository: Path
+) -> None:
+    """ModelStreamInfer feeds a torch model's (default) predict_stream: every answer is exact."""
+    folder = "lstm-state-dict"
+    batches = [inputs_for(folder, batch, seed=20 + batch) for batch in (1, 2, 4)]
+    requests = [raw_request(folder, f"b{i}", **inputs) for i, inputs in enumerate(batches)]
+    with inference_stub(torch_server.grpc_address) as stub:
+        responses = list(stub.ModelStreamInfer(iter(requests)))
+    assert [r.id for r in responses] == ["b0", "b1", "b2"]
+    for inputs, response in zip(batches, responses, strict=True):
+        assert "error" not in response.parameters
+        got = {
+            out.name: np.frombuffer(raw, np.float32).reshape(list(out.shape))
+            for out, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+        }
+        assert_equals_own_forward(torch_repository, folder, inputs, got)

@@ -8,11 +8,13 @@ the request it answers. Two clients are shown, one per wire format of the server
 
 - ``stream_text``: the default format (MLServer's): the server streams ``ModelInferResponse``
   messages. A plain ``grpc`` stream-stream call, with the OIP messages that tritonclient ships
-  (same package, service and field numbers as the OIP proto).
+  (same package, service and field numbers as the OIP proto). An error for one request comes
+  back in band, as a response with that request's id, no outputs and the parameters ``error``
+  and ``error_code``; the stream goes on for the other prompts.
 - ``triton_stream_text``: Triton's format (``ModelStreamInferResponse`` with in-band
   ``error_message`` and the ``triton_final_response`` parameter), which the server speaks when
-  its Triton stream-format setting is on: tritonclient's ``start_stream`` / ``async_stream_infer``
-  work unchanged. Run with ``--triton`` for this one.
+  it is started with ``--grpc-stream-format triton``: tritonclient's ``start_stream`` /
+  ``async_stream_infer`` work unchanged. Run with ``--triton`` for this one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+class GenerateError(Exception):
+    """The server could not answer a prompt (its message says why)."""
 
 
 def _request(model: str, request_id: str, prompt: str, max_tokens: int) -> pb.ModelInferRequest:
@@ -49,8 +55,11 @@ def _text(response: pb.ModelInferResponse) -> str:
 
 def stream_text(
     address: str, prompts: list[str], model: str = "textgen", max_tokens: int = 60
-) -> Iterator[tuple[str, str]]:
-    """(request id, piece of text) for every response, as they arrive (default wire format)."""
+) -> Iterator[tuple[str, str | GenerateError]]:
+    """(request id, piece of text) for every response, as they arrive (default wire format).
+
+    A prompt the server could not answer gives (its id, a GenerateError) instead; the others go on.
+    """
     with grpc.insecure_channel(address) as channel:
         call = channel.stream_stream(
             METHOD,
@@ -59,7 +68,11 @@ def stream_text(
         )
         requests = (_request(model, f"p{i}", prompt, max_tokens) for i, prompt in enumerate(prompts))
         for response in call(requests):
-            yield response.id, _text(response)
+            if "error" in response.parameters:
+                code = response.parameters["error_code"].string_param
+                yield response.id, GenerateError(f"{code}: {response.parameters['error'].string_param}")
+            else:
+                yield response.id, _text(response)
 
 
 def triton_stream_text(
@@ -83,7 +96,7 @@ def triton_stream_text(
         while True:
             result, error = results.get(timeout=60)
             if error is not None:
-                raise error
+                raise GenerateError(error.message()) from error
             response = result.get_response()
             if response.outputs:
                 yield result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
@@ -113,7 +126,10 @@ def main() -> None:
         return
     texts: dict[str, str] = {}
     for request_id, piece in stream_text(args.address, args.prompts, max_tokens=args.max_tokens):
-        texts[request_id] = texts.get(request_id, "") + piece
+        if isinstance(piece, GenerateError):
+            texts[request_id] = f" (error: {piece})"
+        else:
+            texts[request_id] = texts.get(request_id, "") + piece
     for i, prompt in enumerate(args.prompts):
         print(f"[p{i}] {prompt}{texts.get(f'p{i}', '')}")
 

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from ..types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
+import numpy as np
+
+from ..types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
+
+Tensor = TypeVar("Tensor", RequestInput, ResponseOutput)
+
+
+def make_tensor(kind: type[Tensor], name: str, array: np.ndarray, datatype: str, content_type: str) -> Tensor:
+    """A request input or response output holding ``array``, tagged with the codec's content type."""
+    return kind(
+        name=name,
+        shape=list(array.shape),
+        datatype=datatype,  # type: ignore[arg-type]
+        parameters=Parameters(content_type=content_type),
+        data=array,
+    )
 
 
 class InputCodec:

@@ -17,13 +17,7 @@ INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Cod
 REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)
 
 
-def find_input_codec(
-    content_type: str | None = None,
-    payload: Any = None,
-    type_hint: Any = None,
-    extra: Iterable[type[InputCodec]] = (),
-) -> type[InputCodec] | None:
-    codecs = (*extra, *INPUT_CODECS)
+def _find(codecs: tuple[Any, ...], content_type: str | None, payload: Any, type_hint: Any) -> Any:
     if content_type is not None:
         return next((c for c in codecs if c.ContentType == content_type), None)
     if type_hint is not None:
@@ -31,6 +25,16 @@ def find_input_codec(
     if payload is not None:
         return next((c for c in codecs if c.can_encode(payload)), None)
     return None
+
+
+def find_input_codec(
+    content_type: str | None = None,
+    payload: Any = None,
+    type_hint: Any = None,
+    extra: Iterable[type[InputCodec]] = (),
+) -> type[InputCodec] | None:
+    """An input codec by content type, else by type hint, else by what can encode ``payload``."""
+    return _find((*extra, *INPUT_CODECS), content_type, payload, type_hint)
 
 
 def find_request_codec(
@@ -39,11 +43,5 @@ def find_request_codec(
     type_hint: Any = None,
     extra: Iterable[type[RequestCodec]] = (),
 ) -> type[RequestCodec] | None:
-    codecs = (*extra, *REQUEST_CODECS)
-    if content_type is not None:
-        return next((c for c in codecs if c.ContentType == content_type), None)
-    if type_hint is not None:
-        return next((c for c in codecs if c.TypeHint == type_hint), None)
-    if payload is not None:
-        return next((c for c in codecs if c.can_encode(payload)), None)
-    return None
+    """A request codec by content type, else by type hint, else by what can encode ``payload``."""
+    return _find((*extra, *REQUEST_CODECS), content_type, payload, type_hint)

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..tensors import datatype_of, input_array, output_array
 from ..types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
-from .base import InputCodec, RequestCodec
+from .base import InputCodec, RequestCodec, make_tensor
 
 
 def _array(payload: Any) -> tuple[np.ndarray, str]:
@@ -31,14 +31,7 @@ class NumpyCodec(InputCodec):
 
     @classmethod
     def encode_output(cls, name: str, payload: Any, **kwargs: Any) -> ResponseOutput:
-        arr, datatype = _array(payload)
-        return ResponseOutput(
-            name=name,
-            shape=list(arr.shape),
-            datatype=datatype,  # type: ignore[arg-type]
-            parameters=Parameters(content_type=cls.ContentType),
-            data=arr,
-        )
+        return make_tensor(ResponseOutput, name, *_array(payload), cls.ContentType)
 
     @classmethod
     def decode_output(cls, response_output: ResponseOutput) -> np.ndarray:
@@ -46,14 +39,7 @@ class NumpyCodec(InputCodec):
 
     @classmethod
     def encode_input(cls, name: str, payload: Any, **kwargs: Any) -> RequestInput:
-        arr, datatype = _array(payload)
-        return RequestInput(
-            name=name,
-            shape=list(arr.shape),
-            datatype=datatype,  # type: ignore[arg-type]
-            parameters=Parameters(content_type=cls.ContentType),
-            data=arr,
-        )
+        return make_tensor(RequestInput, name, *_array(payload), cls.ContentType)
 
     @classmethod
     def decode_input(cls, request_input: RequestInput) -> np.ndarray:

@@ -11,14 +11,13 @@ import numpy as np
 from ..errors import InvalidInput
 from ..tensors import input_array, output_array
 from ..types import (
-    Datatype,
     InferenceRequest,
     InferenceResponse,
     Parameters,
     RequestInput,
     ResponseOutput,
 )
-from .base import InputCodec, RequestCodec
+from .base import InputCodec, RequestCodec, make_tensor
 
 
 def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:
@@ -56,12 +55,8 @@ class StringCodec(InputCodec):
     def encode_output(
         cls, name: str, payload: list[str], use_bytes: bool = True, **kwargs: Any
     ) -> ResponseOutput:
-        return ResponseOutput(
-            name=name,
-            shape=[len(payload), 1],
-            datatype=Datatype.BYTES,
-            parameters=Parameters(content_type=cls.ContentType),
-            data=_column([_str_bytes(item) for item in payload]),
+        return make_tensor(
+            ResponseOutput, name, _column([_str_bytes(item) for item in payload]), "BYTES", cls.ContentType
         )
 
     @classmethod
@@ -72,12 +67,8 @@ class StringCodec(InputCodec):
     def encode_input(
         cls, name: str, payload: list[str], use_bytes: bool = True, **kwargs: Any
     ) -> RequestInput:
-        return RequestInput(
-            name=name,
-            shape=[len(payload), 1],
-            datatype=Datatype.BYTES,
-            parameters=Parameters(content_type=cls.ContentType),
-            data=_column([_str_bytes(item) for item in payload]),
+        return make_tensor(
+            RequestInput, name, _column([_str_bytes(item) for item in payload]), "BYTES", cls.ContentType
         )
 
     @classmethod
@@ -102,12 +93,12 @@ class Base64Codec(InputCodec):
     def encode_output(
         cls, name: str, payload: list[bytes], use_bytes: bool = True, **kwargs: Any
     ) -> ResponseOutput:
-        return ResponseOutput(
-            name=name,
-            shape=[len(payload), 1],
-            datatype=Datatype.BYTES,
-            parameters=Parameters(content_type=cls.ContentType),
-            data=_column([base64.b64encode(item) for item in payload]),
+        return make_tensor(
+            ResponseOutput,
+            name,
+            _column([base64.b64encode(item) for item in payload]),
+            "BYTES",
+            cls.ContentType,
         )
 
     @classmethod
@@ -118,12 +109,12 @@ class Base64Codec(InputCodec):
     def encode_input(
         cls, name: str, payload: list[bytes], use_bytes: bool = True, **kwargs: Any
     ) -> RequestInput:
-        return RequestInput(
-            name=name,
-            shape=[len(payload), 1],
-            datatype=Datatype.BYTES,
-            parameters=Parameters(content_type=cls.ContentType),
-            data=_column([base64.b64encode(item) for item in payload]),
+        return make_tensor(
+            RequestInput,
+            name,
+            _column([base64.b64encode(item) for item in payload]),
+            "BYTES",
+            cls.ContentType,
         )
 
     @classmethod

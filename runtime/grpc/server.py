@@ -118,10 +118,13 @@ class GrpcServer:
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"
         credentials = _credentials(settings)
-        if credentials is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, credentials)
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
+            raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
         await server.start()
         await self.health.start()
         self._server, self.port = server, port

@@ -1,42 +1,43 @@
 """ModelStreamInfer: many requests and responses on one bidirectional stream, in two wire formats.
 
-Both formats feed requests through ``DataPlane.infer_stream``, tag every response with the id of
-the request it answers, report an error for one request in-band and keep the stream open, and,
-when the client half-closes, send every response still owed before ending the call.
+The core serves the stream (``runtime.routing``); this module only translates. It reads each
+message into a ``Routed`` item and writes each ``Reply``: responses in the form of the request
+they answer (raw when it was raw), errors in band with the failed request's id. What the stream
+guarantees (one model stream per run of requests for one model, or one per request; errors in
+band and the stream going on; every response still owed sent after the client half-closes;
+cancellation reaching the model) is the core's, and the same in both formats.
 
-``mlserver`` (the default): consecutive requests for one model share one model stream, as in
-MLServer (a stream-to-stream model sees them all); a request naming another model starts a new
-model stream after the current one has answered. Responses are ModelInferResponse messages, raw
-when the request they answer was raw. An error ends the model stream it happened in and is
-answered by a ModelInferResponse carrying the id of the request being served, no outputs, and
-the parameters ``error`` (the message) and ``error_code`` (the gRPC status name); the next
-request starts a fresh model stream. (MLServer ends the whole call instead; the protocol's
-ModelInferResponse has no error field, so these two parameters are the in-band form.)
+``mlserver`` (the default): ``DataPlane.infer_routed``, as in MLServer (a stream-to-stream model
+sees the consecutive requests that name it). Responses are ModelInferResponse messages. An error is
+a ModelInferResponse carrying the id of the failed request, no outputs, and the parameters
+``error`` (the message) and ``error_code`` (the gRPC status name). (MLServer ends the whole call
+instead; the protocol's ModelInferResponse has no error field, so these two parameters are the
+in-band form.)
 
-``triton``: Triton's ModelStreamInferResponse, as tritonclient's start_stream/async_stream_infer
-read it. Each request is served on its own, concurrently with the others of the stream (at most
-``STREAM_IN_FLIGHT`` at a time; beyond that the server stops reading, and gRPC's flow control
-holds the client back). Errors travel in ``error_message`` with ``infer_response.id`` set to the
-failed request's id. Every response carries the parameter ``triton_final_response``: with the
-request parameter ``triton_enable_empty_final_response=true`` each response leaves as soon as it
-exists with ``false`` and an empty response with ``true`` ends the request (Triton's decoupled
-convention); without it, the last response of the request carries ``true``, which costs a
-streaming model one response of look-ahead.
+``triton``: ``DataPlane.infer_each``: Triton's ModelStreamInferResponse, as tritonclient's
+start_stream/async_stream_infer read it; every request is served on its own. Errors travel in
+``error_message`` with ``infer_response.id`` set to the failed request's id. Every response carries
+the parameter ``triton_final_response``: with the request parameter
+``triton_enable_empty_final_response=true`` each response leaves as soon as it exists with
+``false`` and an empty response with ``true`` ends the request (Triton's decoupled convention);
+without it, the last response of the request carries ``true``, which costs a streaming model one
+response of look-ahead.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import grpc
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
-from ..types import InferenceRequest, InferenceResponse
+from ..routing import Reply, Routed
+from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
 from .errors import code_of
 from .generated import dataplane_pb2 as pb
@@ -45,39 +46,22 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STREAM_IN_FLIGHT = 64
-"""Most requests of one Triton-format stream served at the same time."""
-
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
-class _Reader:
-    """The requests of a call, read one at a time; None once the client has half-closed."""
-
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._context = context
-        self._ended = False
-
-    async def read(self) -> pb.ModelInferRequest | None:
-        if self._ended:
-            return None
-        message = await self._context.read()
-        if message is grpc.aio.EOF:
-            self._ended = True
-            return None
-        return message
-
-
-@contextlib.asynccontextmanager
-async def _closing(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
-    """Close an async generator when leaving the block, however it is left."""
-    try:
-        yield stream
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
+async def _routed(
+    context: grpc.aio.ServicerContext, tag: Callable[[pb.ModelInferRequest], T]
+) -> AsyncGenerator[Routed[T], None]:
+    """The call's requests, as the core reads them, until the client half-closes."""
+    while (message := await context.read()) is not grpc.aio.EOF:
+        yield Routed(
+            model=message.model_name,
+            version=message.model_version or None,
+            id=message.id or None,
+            decode=functools.partial(request_from_proto, message),
+            tag=tag(message),
+        )
 
 
 def _failure(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -90,152 +74,102 @@ def _failure(exc: Exception) -> tuple[grpc.StatusCode, str]:
 # ---------------------------------------------------------------------- MLServer's format
 
 
-class _Segment:
-    """Consecutive requests of a call that name one model, fed to one model stream."""
-
-    def __init__(self, reader: _Reader, first: pb.ModelInferRequest) -> None:
-        self.reader = reader
-        self.first = first
-        self.current = first
-        self.raw = bool(first.raw_input_contents)
-        self.next: pb.ModelInferRequest | None = None
-
-    async def requests(self) -> AsyncGenerator[InferenceRequest, None]:
-        first = self.first
-        name, version = first.model_name, first.model_version
-        yield request_from_proto(first)
-        while True:
-            message = await self.reader.read()
-            if message is None:
-                return
-            if message.model_name != name or message.model_version != version:
-                self.next = message
-                return
-            self.current = message
-            self.raw = bool(message.raw_input_contents)
-            yield request_from_proto(message)
+def _is_raw(message: pb.ModelInferRequest) -> bool:
+    return bool(message.raw_input_contents)
 
 
-def _mlserver_error(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelInferResponse:
-    code, message = _failure(exc)
-    response = pb.ModelInferResponse(
-        model_name=request.model_name, model_version=request.model_version, id=request.id
+def _mlserver_error(reply: Reply[Any], exc: Exception) -> pb.ModelInferResponse:
+    code, text = _failure(exc)
+    message = pb.ModelInferResponse(
+        model_name=reply.model, model_version=reply.version or "", id=reply.request_id or ""
     )
-    response.parameters["error"].string_param = message
-    response.parameters["error_code"].string_param = code.name
-    return response
+    message.parameters["error"].string_param = text
+    message.parameters["error_code"].string_param = code.name
+    return message
+
+
+def _mlserver_message(reply: Reply[bool]) -> pb.ModelInferResponse:
+    if reply.response is None:
+        assert reply.error is not None
+        return _mlserver_error(reply, reply.error)
+    try:
+        return response_to_proto(reply.response, reply.tag)
+    except Exception as exc:  # e.g. a parameter gRPC cannot carry: this response fails, the stream goes on
+        return _mlserver_error(reply, exc)
 
 
 async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
-    reader = _Reader(context)
-    first = await reader.read()
-    while first is not None:
-        segment = _Segment(reader, first)
-        name, version = first.model_name, first.model_version or None
-        requests = segment.requests()
-        try:
-            async with _closing(dataplane.infer_stream(requests, name, version)) as responses:
-                async for response in responses:
-                    await context.write(response_to_proto(response, segment.raw))
-        except Exception as exc:
-            await context.write(_mlserver_error(segment.current, exc))
-        finally:
-            await requests.aclose()
-        # the next model stream starts with the request that named another model, or, after an
-        # error or a model that stopped reading early, with the next request of the call
-        first = segment.next or await reader.read()
+    async with aclosing(_routed(context, _is_raw)) as items:
+        async with aclosing(dataplane.infer_routed(items)) as replies:
+            async for reply in replies:
+                await context.write(_mlserver_message(reply))
 
 
 # ---------------------------------------------------------------------- Triton's format
 
 
-class _Writer:
-    """Writes of concurrent tasks, one at a time."""
+class _Request:
+    """What the Triton format remembers of one request while it is answered."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._context = context
-        self._lock = asyncio.Lock()
+    __slots__ = ("empty_final", "held", "raw")
 
-    async def write(self, message: pb.ModelStreamInferResponse) -> None:
-        async with self._lock:
-            await self._context.write(message)
+    def __init__(self, message: pb.ModelInferRequest) -> None:
+        self.raw = bool(message.raw_input_contents)
+        flag = message.parameters.get(EMPTY_FINAL)
+        self.empty_final = flag is not None and flag.bool_param
+        self.held: InferenceResponse | None = None
+        """The latest response, held back until it is known whether it is the request's last."""
 
 
-def _triton_response(response: InferenceResponse, raw: bool, final: bool) -> pb.ModelStreamInferResponse:
+def _triton_response(
+    reply: Reply[_Request], response: InferenceResponse, final: bool
+) -> pb.ModelStreamInferResponse:
     message = pb.ModelStreamInferResponse()
-    response_to_proto(response, raw, into=message.infer_response)
+    try:
+        response_to_proto(response, reply.tag.raw, into=message.infer_response)
+    except Exception as exc:  # this response fails; the request's final flag still follows
+        return _triton_empty(reply, final=final, error=_failure(exc)[1])
     message.infer_response.parameters[FINAL].bool_param = final
     return message
 
 
-def _triton_empty(request: pb.ModelInferRequest, error: str = "") -> pb.ModelStreamInferResponse:
+def _triton_empty(reply: Reply[Any], final: bool = True, error: str = "") -> pb.ModelStreamInferResponse:
     message = pb.ModelStreamInferResponse(error_message=error)
     infer = message.infer_response
-    infer.model_name = request.model_name
-    infer.model_version = request.model_version
-    infer.id = request.id
-    infer.parameters[FINAL].bool_param = True
+    infer.model_name = reply.model
+    infer.model_version = reply.version or ""
+    infer.id = reply.request_id or ""
+    infer.parameters[FINAL].bool_param = final
     return message
 
 
-async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
-    yield request
-
-
-def _wants_empty_final(request: InferenceRequest) -> bool:
-    extra = request.parameters.model_extra if request.parameters is not None else None
-    return bool(extra) and extra.get(EMPTY_FINAL) is True  # type: ignore[union-attr]
-
-
-async def _serve_triton_request(dataplane: DataPlane, writer: _Writer, message: pb.ModelInferRequest) -> None:
-    raw = bool(message.raw_input_contents)
-    try:
-        request = request_from_proto(message)
-        empty_final = _wants_empty_final(request)
-        held: InferenceResponse | None = None
-        stream = dataplane.infer_stream(_one(request), message.model_name, message.model_version or None)
-        async with _closing(stream) as responses:
-            async for response in responses:
-                if empty_final:
-                    await writer.write(_triton_response(response, raw, final=False))
-                    continue
-                if held is not None:
-                    await writer.write(_triton_response(held, raw, final=False))
-                held = response
+def _triton_messages(reply: Reply[_Request]) -> Iterator[pb.ModelStreamInferResponse]:
+    request = reply.tag
+    if reply.response is not None:
+        if request.empty_final:
+            yield _triton_response(reply, reply.response, final=False)
+            return
+        if request.held is not None:
+            yield _triton_response(reply, request.held, final=False)
+        request.held = reply.response
+        return
+    held, request.held = request.held, None
+    if reply.error is not None:
         if held is not None:
-            await writer.write(_triton_response(held, raw, final=True))
-        else:
-            await writer.write(_triton_empty(message))
-    except Exception as exc:
-        await writer.write(_triton_empty(message, error=_failure(exc)[1]))
+            yield _triton_response(reply, held, final=False)
+        yield _triton_empty(reply, error=_failure(reply.error)[1])
+    elif held is not None:
+        yield _triton_response(reply, held, final=True)
+    else:
+        yield _triton_empty(reply)
 
 
 async def serve_triton_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
-    reader = _Reader(context)
-    writer = _Writer(context)
-    slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(message: pb.ModelInferRequest) -> None:
-        try:
-            await _serve_triton_request(dataplane, writer, message)
-        finally:
-            slots.release()
-
-    try:
-        while (message := await reader.read()) is not None:
-            await slots.acquire()
-            task = asyncio.create_task(serve(message))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        while tasks:
-            await asyncio.gather(*tasks)
-    finally:
-        pending = [task for task in tasks if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+    async with aclosing(_routed(context, _Request)) as items:
+        async with aclosing(dataplane.infer_each(items)) as replies:
+            async for reply in replies:
+                for message in _triton_messages(reply):
+                    await context.write(message)
 
 
 def stream_handler(dataplane: DataPlane, stream_format: str) -> Any:

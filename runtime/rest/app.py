@@ -16,8 +16,10 @@ from ..dataplane import DataPlane, raw_request
 from ..errors import PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
+from .disconnect import cancel_on_disconnect
 from .errors import status_of
 from .repository import repository_routes
+from .sequence import read_sequence_headers, sequence_headers
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +90,19 @@ class RestApi:
     async def infer(self, request: Request) -> Response:
         name, version = _model(request)
         inference_request = await self.read_inference_request(request, name, version)
-        response = await self.dataplane.infer(inference_request, name, version)
+        response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name, version))
         body, headers = encode_response(response, inference_request)
         media = "application/octet-stream" if headers else JSON
-        return Response(body, media_type=media, headers=headers)
+        return Response(body, media_type=media, headers={**headers, **sequence_headers(response)})
 
     async def read_inference_request(
         self, request: Request, name: str, version: str | None
     ) -> InferenceRequest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.max_request_size)
-        return self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        inference_request = self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        read_sequence_headers(inference_request, request.headers)
+        return inference_request
 
     def parse_inference_request(
         self, body: bytes, header_length: str | None, name: str, version: str | None

@@ -2,23 +2,51 @@
 
 from __future__ import annotations
 
+import logging
+
 from ..model import MLModel
+from ..sequences.model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
 from .adaptive import AdaptiveScheduler
-from .base import Scheduler
+from .base import RequestFailed, Scheduler
 from .continuous import ContinuousScheduler
 from .direct import DirectScheduler
+from .sequence import SequenceScheduler
+
+logger = logging.getLogger(__name__)
 
 
 def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
     """The scheduler a model's settings ask for: continuous batching when ``continuous_batching``
-    is on; adaptive batching when ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in
-    MLServer); else direct."""
+    is set; else sequence batching when ``sequence_batching`` is set; else adaptive batching when
+    ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in MLServer); else direct."""
     if settings.continuous_batching:
         return ContinuousScheduler(model, settings)
+    if settings.sequence_batching:
+        # requests outside any sequence go to the model's predict, scheduled as for any model
+        stateless = _stateless(model, settings) if serves_stateless(model) else None
+        return SequenceScheduler(model, settings, stateless=stateless)
+    if isinstance(model, SequenceModel):
+        logger.warning(
+            "Model %r is a SequenceModel but its settings do not set sequence_batching: true; "
+            "it gets no sequence state",
+            settings.name,
+        )
+    return _stateless(model, settings)
+
+
+def _stateless(model: MLModel, settings: ModelSettings) -> Scheduler:
     if settings.max_batch_size > 1 and settings.max_batch_time > 0:
         return AdaptiveScheduler(model, settings)
     return DirectScheduler(model, settings)
 
 
-__all__ = ["AdaptiveScheduler", "ContinuousScheduler", "DirectScheduler", "Scheduler", "make_scheduler"]
+__all__ = [
+    "AdaptiveScheduler",
+    "ContinuousScheduler",
+    "DirectScheduler",
+    "RequestFailed",
+    "Scheduler",
+    "SequenceScheduler",
+    "make_scheduler",
+]

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..model import MLModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Yielded by a scheduler's stream in place of a response when one request of the stream failed
+    and the stream goes on (e.g. the sequence batcher, whose requests succeed or fail one by one)."""
+
+    error: Exception
+    request_id: str | None
 
 
 class Scheduler(abc.ABC):
@@ -35,8 +45,11 @@ class Scheduler(abc.ABC):
         """Serve one request and return its own response."""
 
     @abc.abstractmethod
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        """Serve a stream of requests; cancelling the iteration must stop the model's work."""
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
+        """Serve a stream of requests; cancelling the iteration must stop the model's work.
+
+        Raising ends the stream (the failure is reported for the latest request taken); yielding
+        ``RequestFailed`` reports one request's failure and the stream goes on."""
 
     def describe(self) -> dict[str, Any]:
         """The strategy's settings, shown in model metadata."""

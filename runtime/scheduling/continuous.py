@@ -49,7 +49,7 @@ from ..errors import ModelFailed, ModelNotReady, ServerError, ShuttingDown
 from ..model import MLModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import Scheduler
+from .base import RequestFailed, Scheduler
 from .callers import (
     CHUNK,
     END,
@@ -152,15 +152,17 @@ class ContinuousScheduler(Scheduler):
                     assert isinstance(payload, InferenceResponse)
                     return payload
                 if kind == ERROR:
-                    raise payload
+                    raise payload.error
         finally:
             self._leave(entry)
             call.items.clear()
 
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
         return self._stream(requests)
 
-    async def _stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncGenerator[InferenceResponse, None]:
+    async def _stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
         call = Call()
         reader = asyncio.create_task(self._read(requests, call))
         try:
@@ -179,8 +181,12 @@ class ContinuousScheduler(Scheduler):
                 elif kind == READ_END:
                     if not call.open:
                         return
-                else:  # ERROR (of one request) or READ_FAILED (the requests themselves)
+                elif kind == ERROR:  # one request failed: in band, the others go on
                     call.close(entry)
+                    yield payload
+                    if not call.reading and not call.open:
+                        return
+                else:  # READ_FAILED: the requests themselves broke
                     raise payload
         finally:
             # leave first, synchronously: this may run inside a cancelled anyio scope (an SSE
@@ -200,7 +206,7 @@ class ContinuousScheduler(Scheduler):
                 try:
                     entry = self._admit(request, call)
                 except ServerError as exc:
-                    call.push((ERROR, None, exc))
+                    call.push((ERROR, None, RequestFailed(exc, request.id)))
                     continue
                 call.open[entry] = None
             call.reading = False
@@ -236,7 +242,7 @@ class ContinuousScheduler(Scheduler):
         def done(future: asyncio.Future[None]) -> None:
             if not future.cancelled() and future.exception() is not None:  # it timed out in the queue
                 entry.ended = True
-                entry.call.push((ERROR, entry, future.exception()))
+                entry.call.push((ERROR, entry, RequestFailed(future.exception(), entry.stream.id)))  # type: ignore[arg-type]
 
         return done
 
@@ -395,7 +401,7 @@ class ContinuousScheduler(Scheduler):
         entry.ended = True
         if not isinstance(error, Exception):
             error = ModelFailed(f"Model {self.name!r} failed the stream: {type(error).__name__}: {error}")
-        entry.call.push((ERROR, entry, error))
+        entry.call.push((ERROR, entry, RequestFailed(error, entry.stream.id)))
 
     async def _end_stream(self, entry: Entry, reason: StreamEnd) -> None:
         if not entry.started:

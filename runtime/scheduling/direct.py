@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
+from ..model import MLModel
+from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import Scheduler
 
 
 class DirectScheduler(Scheduler):
-    """Calls ``predict`` for each request and ``predict_stream`` for each stream, as they come."""
+    """Calls ``predict`` for each request and ``predict_stream`` for each stream, as they come.
+
+    It counts the calls inside the model so that ``stop`` (a reload swapping in a new instance,
+    or shutdown) returns only once they have left, and the model is never unloaded under them.
+    """
+
+    def __init__(self, model: MLModel, settings: ModelSettings) -> None:
+        super().__init__(model, settings)
+        self._inside = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def _enter(self) -> None:
+        self._inside += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._inside -= 1
+        if self._inside == 0:
+            self._idle.set()
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        return await self.model.predict(request)
+        self._enter()
+        try:
+            return await self.model.predict(request)
+        finally:
+            self._leave()
 
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        return self.model.predict_stream(requests)
+    async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        self._enter()
+        try:
+            async with aclosing(self.model.predict_stream(requests)) as responses:  # type: ignore[type-var]
+                async for response in responses:
+                    yield response
+        finally:
+            self._leave()
+
+    async def stop(self) -> None:
+        await self._idle.wait()

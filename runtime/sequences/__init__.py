@@ -1,0 +1,19 @@
+"""Stateful sequences: identity, lifecycle, the state store and the model API.
+
+The scheduler that serves them is ``runtime.scheduling.sequence.SequenceScheduler``.
+"""
+
+from .identity import SequenceControl, parse_control
+from .model import END_REASONS, EndReason, SequenceModel, SequenceStep
+from .store import LRUStateStore, StateStore
+
+__all__ = [
+    "END_REASONS",
+    "EndReason",
+    "LRUStateStore",
+    "SequenceControl",
+    "SequenceModel",
+    "SequenceStep",
+    "StateStore",
+    "parse_control",
+]

@@ -1,0 +1,105 @@
+"""Sequence identity: parameters and TorchServe headers, checked in the core; the LRU state store."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.errors import SequenceError
+from runtime.sequences import LRUStateStore, parse_control
+from runtime.sequences.identity import apply_transport_fields, mark_response
+from runtime.types import InferenceRequest, InferenceResponse, Parameters
+
+
+def control(**params):  # type: ignore[no-untyped-def]
+    return parse_control(Parameters(**params))
+
+
+def test_int_and_string_ids_name_the_same_sequence_and_keep_their_type() -> None:
+    as_int, as_str = control(sequence_id=42), control(sequence_id="42")
+    assert as_int is not None and as_str is not None
+    assert as_int.key == as_str.key == "42"
+    assert as_int.echo == 42 and isinstance(as_int.echo, int)
+    assert as_str.echo == "42"
+
+
+def test_no_sequence_fields_or_zero_or_empty_id_is_not_a_sequence() -> None:
+    assert parse_control(None) is None
+    assert parse_control(Parameters(content_type="np")) is None
+    assert control(sequence_id=0) is None
+    assert control(sequence_id="") is None
+    assert control(sequence_id=0, sequence_start=False) is None
+
+
+def test_start_without_id_gets_a_server_made_id() -> None:
+    made = control(sequence_start=True)
+    assert made is not None and made.generated and made.start
+    assert made.key.startswith("seq-") and len(made.key) == len("seq-") + 36
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"sequence_id": -1},
+        {"sequence_id": 2**64},
+        {"sequence_id": 1.5},
+        {"sequence_id": True},
+        {"sequence_id": [1]},
+        {"sequence_id": "x" * 129},
+        {"sequence_id": "é" * 65},  # 130 bytes
+        {"sequence_id": "tab\there"},
+        {"sequence_id": "nul\x00"},
+        {"sequence_id": "a", "sequence_start": "maybe"},
+        {"sequence_id": "a", "sequence_end": 2},
+        {"sequence_end": True},
+    ],
+)
+def test_malformed_sequence_fields_are_refused(params: dict) -> None:
+    with pytest.raises(SequenceError):
+        control(**params)
+
+
+def test_limits_are_inclusive_and_flags_accept_header_text() -> None:
+    assert control(sequence_id="x" * 128) is not None
+    assert control(sequence_id=2**64 - 1) is not None
+    for text, value in (("true", True), ("TRUE", True), ("1", True), ("yes", True), ("false", False), ("0", False)):
+        parsed = control(sequence_id="a", sequence_start=text)
+        assert parsed is not None and parsed.start is value
+    assert control(sequence_id="a with spaces") is not None
+
+
+def test_transport_fields_fill_in_and_must_agree_with_the_body() -> None:
+    request = InferenceRequest(inputs=[], parameters=Parameters(sequence_id=7))
+    apply_transport_fields(request, {"sequence_id": "7", "sequence_start": "true"})
+    parsed = parse_control(request.parameters)
+    assert parsed is not None and parsed.key == "7" and parsed.echo == 7 and parsed.start
+    clash = InferenceRequest(inputs=[], parameters=Parameters(sequence_id="a"))
+    with pytest.raises(SequenceError, match="headers say"):
+        apply_transport_fields(clash, {"sequence_id": "b"})
+    bare = InferenceRequest(inputs=[])
+    apply_transport_fields(bare, {"sequence_end": "1", "sequence_id": "z"})
+    parsed = parse_control(bare.parameters)
+    assert parsed is not None and parsed.end and not parsed.start
+
+
+def test_responses_echo_the_id_and_mark_the_end() -> None:
+    response = InferenceResponse(parameters=Parameters(sequence_end=True))
+    parsed = control(sequence_id=9)
+    assert parsed is not None
+    mark_response(response, parsed, ended=False)
+    assert response.parameters is not None
+    assert response.parameters.model_dump(exclude_none=True) == {"sequence_id": 9}
+    mark_response(response, parsed, ended=True)
+    assert response.parameters.model_dump(exclude_none=True) == {"sequence_id": 9, "sequence_end": True}
+
+
+@pytest.mark.anyio
+async def test_lru_store_evicts_the_least_recently_used_and_says_so() -> None:
+    store = LRUStateStore(2)
+    assert await store.save([("a", 1), ("b", 2)]) == []
+    assert await store.load(["a", "missing"]) == [1, None]  # touches a
+    assert await store.save([("c", 3)]) == [("b", 2)]
+    assert len(store) == 2
+    assert await store.pop("a") == 1
+    assert await store.pop("a") is None
+    assert await store.clear() == [("c", 3)]
+    assert len(store) == 0
