@@ -45,6 +45,17 @@ If ``step`` raises, the server cannot tell which stream was at fault: it runs ea
 step again alone, so that only the streams that fail alone end with the error and the others go
 on. A step that raised must therefore have left every stream's state as it was (or report the
 failure of one stream with ``StepResult(error=...)``, which never touches the others).
+
+**With sequences** (``"sequence_batching": true`` as well): a request of a sequence runs as a
+stream like any other, and ``stream.sequence`` says which sequence it belongs to, with that
+request's ``start``/``end`` flags and the sequence's ``state``, which every stream of the sequence
+shares (None on a START; the server keeps it between requests, in the sequence state store). A new
+request of a sequence joins the running set while an earlier one of the same sequence is still
+streaming, so a "cancel" or "update" request reaches the model during the stream: within a step,
+the streams of one sequence come in their arrival order. ``sequence_ended`` is called once when a
+sequence ends, for whatever reason, once none of its streams runs. Streams outside any sequence
+(``stream.sequence`` is None) are served too; a model that wants none refuses them in
+``start_stream``.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ import numpy as np
 
 from .errors import ModelFailed
 from .model import MLModel
+from .sequences.model import EndReason
 from .tensors import output_array
 from .types import InferenceRequest, InferenceResponse, ResponseOutput
 
@@ -70,10 +82,57 @@ StreamEnd = Literal["finished", "failed", "cancelled", "unload"]
 """
 
 
+class SequenceState:
+    """The state of one sequence, shared by its running streams (the server loads and keeps it)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any = None) -> None:
+        self.state = state
+
+
+class StreamSequence:
+    """The sequence a stream belongs to (``stream.sequence``), as its request said."""
+
+    __slots__ = ("_end", "_shared", "end", "id", "start")
+
+    def __init__(self, sequence_id: str, start: bool, end: bool, shared: SequenceState) -> None:
+        self.id = sequence_id
+        """The sequence's key: the id as text (``42`` and ``"42"`` are the same sequence)."""
+        self.start = start
+        """This request started the sequence (its state was None when it joined)."""
+        self.end = end
+        """This request ends the sequence (the client sent ``sequence_end``)."""
+        self._shared = shared
+        self._end = False
+
+    @property
+    def state(self) -> Any:
+        """The sequence's state, shared by all its streams: read it, and assign the new one."""
+        return self._shared.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._shared.state = value
+
+    def end_sequence(self) -> None:
+        """End the sequence once this stream has finished, as if its request had ``sequence_end``."""
+        self._end = True
+
+    @property
+    def ends(self) -> bool:
+        """Whether the sequence ends with this stream (the client's flag or the model's call)."""
+        return self.end or self._end
+
+    def __repr__(self) -> str:
+        flags = "".join(flag for flag, on in (("S", self.start), ("E", self.ends)) if on)
+        return f"StreamSequence({self.id!r}{' ' + flags if flags else ''})"
+
+
 class Stream:
     """One running stream, as the model sees it in ``start_stream``, ``step`` and ``end_stream``."""
 
-    __slots__ = ("id", "request", "state", "steps")
+    __slots__ = ("id", "request", "sequence", "state", "steps")
 
     def __init__(self, request: InferenceRequest, stream_id: str) -> None:
         self.request = request
@@ -84,6 +143,8 @@ class Stream:
         """The model's own state for this stream: set it in ``start_stream``, read and replace it in ``step``."""
         self.steps = 0
         """How many steps the stream has taken before this one (0 in its first step)."""
+        self.sequence: StreamSequence | None = None
+        """The sequence of the stream's request (with ``sequence_batching``), or None."""
 
     def __repr__(self) -> str:
         return f"Stream({self.id!r}, steps={self.steps})"
@@ -123,6 +184,9 @@ class ContinuousModel(MLModel):
     def combine(self, stream: Stream, chunks: list[InferenceResponse]) -> InferenceResponse:
         """The answer to a unary request, from the chunks its stream produced (see the module docstring)."""
         return stack_chunks(self.name, chunks)
+
+    async def sequence_ended(self, sequence_id: str, reason: EndReason, state: Any) -> None:
+        """With sequences: called once when a sequence ends, with the reason and its last state."""
 
 
 def stack_chunks(model: str, chunks: list[InferenceResponse]) -> InferenceResponse:

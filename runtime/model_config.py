@@ -37,6 +37,11 @@ def model_config(settings: ModelSettings, scheduler: dict[str, Any]) -> dict[str
     }
     if scheduler.get("scheduler") == "continuous":
         config["model_transaction_policy"] = {"decoupled": True}  # Triton's name for a streaming model
+        if settings.sequence_batching:
+            config["sequence_batching"] = {
+                "max_sequence_idle_microseconds": settings.max_sequence_idle_ms * 1000,
+                "oldest": {"max_candidate_sequences": settings.max_sequences},
+            }
     if scheduler.get("scheduler") == "adaptive":
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": int(settings.max_batch_time * 1_000_000),

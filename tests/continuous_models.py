@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -140,3 +141,27 @@ class SyncTicker(ContinuousModel):
             )
             for s in streams
         ]
+
+
+class SequenceTicker(Ticker):
+    """The ticker with sequences: each stream adds its id to its sequence's state (a list) in its first
+    step, and its chunks carry that list's length in output ``seen``. Records every ``sequence_ended``
+    (``sequences_ended``) and sets ``told`` after each."""
+
+    async def load(self) -> bool:
+        await super().load()
+        self.sequences_ended: list[tuple[str, str, Any]] = []
+        self.told = asyncio.Event()
+        self.joined_with: dict[str, Any] = {}
+        return True
+
+    async def step(self, streams: list[Stream]) -> list[StepResult]:
+        for s in streams:
+            if s.sequence is not None and s.steps == 0:
+                self.joined_with[s.id] = None if s.sequence.state is None else list(s.sequence.state)
+                s.sequence.state = [*(s.sequence.state or []), s.id]
+        return await super().step(streams)
+
+    async def sequence_ended(self, sequence_id: str, reason: str, state: Any) -> None:
+        self.sequences_ended.append((sequence_id, reason, state))
+        self.told.set()

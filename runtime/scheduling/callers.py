@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..continuous import Stream
+from ..sequences.identity import mark_response
+from ..sequences.lifecycle import Pending
 from ..types import InferenceResponse, Parameters
 from .queueing import Waiter
 
@@ -91,10 +93,15 @@ class Entry(Waiter[None]):
     unread: int = 0
     last: tuple[int, int] = (0, 0)
     """The (batch_size, step_id) of its latest step."""
+    order: int = 0
+    """Its place among every stream that arrived at the scheduler."""
+    pending: Pending | None = field(default=None, repr=False)
+    """With sequences: its request's place in its sequence's lifecycle (None outside any sequence)."""
 
 
-def stamp(response: InferenceResponse, entry: Entry) -> None:
-    """Tag a chunk with its stream's id and the size and id of its step."""
+def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None:
+    """Tag a chunk with its stream's id and the size and id of its step; a chunk of a sequence
+    also with its sequence id, and the last chunk of the stream that ends it with ``sequence_end``."""
     size, step_id = entry.last
     response.id = entry.stream.id
     params = response.parameters
@@ -104,3 +111,6 @@ def stamp(response: InferenceResponse, entry: Entry) -> None:
     else:
         params.batch_size = size  # type: ignore[attr-defined]  # extra fields are allowed
         params.step_id = step_id  # type: ignore[attr-defined]
+    sequence = entry.stream.sequence
+    if entry.pending is not None and sequence is not None:
+        mark_response(response, entry.pending.control, last and sequence.ends)

@@ -34,6 +34,7 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
 import itertools
 import logging
@@ -47,6 +48,7 @@ import anyio
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import ModelFailed, ModelNotReady, ServerError, ShuttingDown
 from ..model import MLModel
+from ..sequences.identity import parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
@@ -62,6 +64,7 @@ from .callers import (
     stamp,
 )
 from .queueing import WaitQueue, queue_timeout
+from .stream_sequences import StreamSequences
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class ContinuousScheduler(Scheduler):
         self._step_ids = itertools.count(1)
         self._async_step = inspect.iscoroutinefunction(model.step)
         self._executor: ThreadPoolExecutor | None = None
+        self._orders = itertools.count()
+        self.sequences = StreamSequences(model, settings, self._wake) if settings.sequence_batching else None
+        """With ``sequence_batching``: the model's sequences (None without)."""
         self.steps = 0
         """Steps run so far."""
         self.largest_batch = 0
@@ -106,12 +112,15 @@ class ContinuousScheduler(Scheduler):
         return len(self._queue)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "scheduler": "continuous",
             "max_batch_size": self.max_streams,
             "max_queue_size": self._queue.max_size,
             "queue_timeout": self.settings.queue_timeout,
         }
+        if self.sequences is not None:
+            described.update(self.sequences.describe(self.settings))
+        return described
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,6 +142,8 @@ class ContinuousScheduler(Scheduler):
         self._wake()
         if self._stepper is not None:
             await asyncio.gather(self._stepper, return_exceptions=True)
+        if self.sequences is not None:
+            await self.sequences.stop()
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, wait=True)
 
@@ -222,27 +233,47 @@ class ContinuousScheduler(Scheduler):
         if self._stepper is None:
             raise ModelNotReady(f"Model {self.name!r} is not started")
         timeout = queue_timeout(request, self.settings.queue_timeout)
+        control = parse_control(request.parameters) if self.sequences is not None else None
         entry = Entry(
             request=request,
-            key=None,
+            key=control.key if control is not None else None,  # a sequence's requests join in order
             future=asyncio.get_running_loop().create_future(),
             stream=Stream(request, request.id or str(uuid.uuid4())),
             call=call,
             index=call.taken,
             collect=collect,
+            order=next(self._orders),
         )
         self._queue.put(entry, timeout)
+        if control is not None:
+            assert self.sequences is not None
+            try:
+                self.sequences.admit(entry, control)
+            except BaseException:
+                self._queue.discard(entry)
+                raise
+            assert entry.pending is not None
+            entry.pending.future.add_done_callback(self._refused_by_sequence(entry))
         call.taken += 1
-        entry.future.add_done_callback(self._joined_or_not(entry))
+        entry.future.add_done_callback(self._timed_out(entry))
         self._wake()
         return entry
 
-    @staticmethod
-    def _joined_or_not(entry: Entry) -> Any:
+    def _timed_out(self, entry: Entry) -> Any:
         def done(future: asyncio.Future[None]) -> None:
             if not future.cancelled() and future.exception() is not None:  # it timed out in the queue
-                entry.ended = True
-                entry.call.push((ERROR, entry, RequestFailed(future.exception(), entry.stream.id)))  # type: ignore[arg-type]
+                self._cancel_sequence(entry)
+                self._fail(entry, future.exception())  # type: ignore[arg-type]
+
+        return done
+
+    def _refused_by_sequence(self, entry: Entry) -> Any:
+        def done(future: asyncio.Future[InferenceResponse]) -> None:
+            # the sequence ended (or was cancelled) while this request waited to join
+            if not future.cancelled() and future.exception() is not None and not entry.future.done():
+                self._queue.discard(entry)
+                entry.future.cancel()
+                self._fail(entry, future.exception())  # type: ignore[arg-type]
 
         return done
 
@@ -250,6 +281,7 @@ class ContinuousScheduler(Scheduler):
         """The caller no longer wants this stream."""
         if entry.ended:
             return
+        self._cancel_sequence(entry)
         if not entry.future.done():  # still waiting: it never runs
             entry.ended = True
             self._queue.discard(entry)
@@ -258,12 +290,25 @@ class ContinuousScheduler(Scheduler):
         entry.gone = True
         self._wake()
 
+    def _cancel_sequence(self, entry: Entry) -> None:
+        """A request of a sequence was given up on: the sequence is cancelled, and with it its other
+        running streams, which end with ``Cancelled`` and leave before the next step."""
+        if self.sequences is None or entry.pending is None:
+            return
+        for other in self.sequences.cancel(entry):
+            if not other.ended and not other.gone:
+                other.call.push((ERROR, other, RequestFailed(self.sequences.cancelled_error(other), other.stream.id)))
+                other.gone = True
+        self._wake()
+
     # ------------------------------------------------------------------ the stepper
 
     async def _run(self) -> None:
         try:
             while True:
                 self._wakeup.clear()
+                if self.sequences is not None:
+                    await self.sequences.deliver_notices()
                 await self._drop_gone()
                 await self._join()
                 active = [e for e in self._running if not e.gone and e.unread < STREAM_BUFFER]
@@ -290,25 +335,43 @@ class ContinuousScheduler(Scheduler):
         for entry in [e for e in self._running if e.gone]:
             del self._running[entry]
             entry.ended = True
-            if entry.started:
-                await self._end_stream(entry, "cancelled")
+            await self._left(entry, "cancelled")
 
     async def _join(self) -> None:
         free = self.max_streams - len(self._running)
         if free <= 0 or not len(self._queue):
             return
-        for waiter in self._queue.take(None, free):
-            assert isinstance(waiter, Entry)
-            waiter.future.set_result(None)
-            self._running[waiter] = None
+        for entry in self._joiners(free):
+            entry.future.set_result(None)
+            self._running[entry] = None
             try:
-                await self.stepping.start_stream(waiter.stream)
+                if self.sequences is not None and entry.pending is not None:
+                    await self.sequences.join(entry)
+                await self.stepping.start_stream(entry.stream)
             except Exception as exc:
-                if waiter in self._running:
-                    del self._running[waiter]
-                self._fail(waiter, exc)
+                self._fail(entry, exc)
+                await self._left(entry, "failed")
                 continue
-            waiter.started = True
+            entry.started = True
+
+    def _joiners(self, free: int) -> list[Entry]:
+        """Up to ``free`` waiting streams that may join now, oldest first."""
+        if self.sequences is None:
+            return self._queue.take(None, free)  # type: ignore[return-value]
+        heads = [(head.order, key) for key, head, _ in self._queue.heads()]  # type: ignore[attr-defined]
+        heapq.heapify(heads)
+        chosen: list[Entry] = []
+        while heads and len(chosen) < free:
+            _, key = heapq.heappop(heads)
+            head = self._queue.head(key)
+            assert isinstance(head, Entry)
+            if head.pending is not None and not self.sequences.may_join(head):
+                continue  # a START waits for the streams of the sequence it replaces to leave
+            chosen += self._queue.take(key, 1)  # type: ignore[arg-type]
+            following = self._queue.head(key)
+            if following is not None:
+                heapq.heappush(heads, (following.order, key))  # type: ignore[attr-defined]
+        return chosen
 
     async def _call_step(self, streams: list[Stream]) -> Sequence[StepResult]:
         if self._async_step:
@@ -353,22 +416,22 @@ class ContinuousScheduler(Scheduler):
                 leaving.append((entry, "failed"))
                 continue
             if result.response is not None:
-                if not self._deliver(entry, result.response):
+                if not self._deliver(entry, result.response, result.finished):
                     leaving.append((entry, "failed"))
                     continue
             if result.finished:
                 self._finish(entry)
                 leaving.append((entry, "finished"))
         for entry, reason in leaving:
-            await self._end_stream(entry, reason)
+            await self._left(entry, reason)
 
-    def _deliver(self, entry: Entry, response: InferenceResponse) -> bool:
+    def _deliver(self, entry: Entry, response: InferenceResponse, last: bool) -> bool:
         if not isinstance(response, InferenceResponse):
             self._fail(entry, ModelFailed(
                 f"Model {self.name!r} returned a {type(response).__name__} as a chunk, not an InferenceResponse"
             ))
             return False
-        stamp(response, entry)
+        stamp(response, entry, last)
         if entry.collect:
             entry.chunks.append(response)
         else:
@@ -389,7 +452,7 @@ class ContinuousScheduler(Scheduler):
             except Exception as exc:
                 self._fail(entry, exc)
                 return
-            stamp(answer, entry)
+            stamp(answer, entry, last=True)
             entry.call.push((CHUNK, entry, answer))
         entry.ended = True
         entry.call.push((END, entry, None))
@@ -403,11 +466,13 @@ class ContinuousScheduler(Scheduler):
             error = ModelFailed(f"Model {self.name!r} failed the stream: {type(error).__name__}: {error}")
         entry.call.push((ERROR, entry, RequestFailed(error, entry.stream.id)))
 
-    async def _end_stream(self, entry: Entry, reason: StreamEnd) -> None:
-        if not entry.started:
-            return
-        entry.started = False
-        try:
-            await self.stepping.end_stream(entry.stream, reason)
-        except Exception:
-            logger.exception("Model %r failed in end_stream (%s)", self.name, reason)
+    async def _left(self, entry: Entry, reason: StreamEnd) -> None:
+        """A stream left the running set: the model is told (if it started), then its sequence."""
+        if entry.started:
+            entry.started = False
+            try:
+                await self.stepping.end_stream(entry.stream, reason)
+            except Exception:
+                logger.exception("Model %r failed in end_stream (%s)", self.name, reason)
+        if self.sequences is not None:
+            await self.sequences.left(entry, finished=reason == "finished")

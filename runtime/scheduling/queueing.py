@@ -123,6 +123,11 @@ class WaitQueue:
         for key, group in self._groups.items():
             yield key, next(iter(group)), len(group)
 
+    def head(self, key: Hashable) -> Waiter[Any] | None:
+        """The oldest waiter of a group (None when the group is empty)."""
+        group = self._groups.get(key)
+        return next(iter(group)) if group else None
+
     def take(self, key: Hashable, limit: int) -> list[Waiter[Any]]:
         """Remove and return up to ``limit`` of the oldest waiters of a group (dropping any whose
         future is already done: a caller that went away)."""
