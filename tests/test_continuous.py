@@ -10,6 +10,7 @@ import pytest
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
 from runtime.scheduling.continuous import STREAM_BUFFER
 from runtime.settings import ModelSettings
+from runtime.streaming import StreamError
 
 from .conftest import InProcess
 from .continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
@@ -178,6 +179,28 @@ async def test_several_requests_on_one_stream_run_together(inprocess: InProcess)
     by_id = {rid: ticks([c for c in chunks if c.id == rid]) for rid in ("r1", "r2")}
     assert by_id == {"r1": [1, 2, 3, 4], "r2": [1, 2]}
     assert [c.id for c in chunks].count("r2") == 2 and ["r1", "r2"] in model.batches
+
+
+async def test_a_failing_request_on_a_stream_of_several_is_answered_in_band(inprocess: InProcess) -> None:
+    """On one call of several requests (gRPC), a request that fails gets its own error, in band, and
+    the other requests of the call go on (the call is not cut)."""
+    await loaded(inprocess, ticker_settings())
+
+    async def requests():  # type: ignore[no-untyped-def]
+        yield request("ok1", length=5)
+        yield request("bad", length=5, fail_at=2)
+        yield request("refused", refuse=1)
+        yield request("ok2", length=3)
+
+    items = [item async for item in inprocess.dataplane.infer_stream_in_band(requests(), "ticker")]
+    errors = {item.request_id: str(item.error) for item in items if isinstance(item, StreamError)}
+    assert errors == {"bad": errors["bad"], "refused": "refused as asked"} and "failed at 2" in errors["bad"]
+    chunks = [item for item in items if not isinstance(item, StreamError)]
+    assert {rid: ticks([c for c in chunks if c.id == rid]) for rid in ("ok1", "bad", "ok2")} == {
+        "ok1": [1, 2, 3, 4, 5],
+        "bad": [1],
+        "ok2": [1, 2, 3],
+    }
 
 
 async def test_a_unary_request_runs_in_the_batch_and_gets_its_chunks_combined(inprocess: InProcess) -> None:

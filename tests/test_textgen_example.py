@@ -48,6 +48,7 @@ def load_example(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -228,3 +229,13 @@ async def test_the_triton_client_snippet_against_a_triton_format_server() -> Non
         with pytest.raises(client.GenerateError, match="max_tokens"):
             await asyncio.to_thread(lambda: list(client.triton_stream_text(address, "x", max_tokens=0)))
         assert server.dataplane.streams.active == 0
+
+
+def test_the_staggered_client_shows_streams_sharing_steps(textgen_server: RunningServer) -> None:
+    """Three streams started 10 ms apart, each hundreds of steps long: they overlap, and every
+    character says how many streams shared its step."""
+    client = load_example("textgen_staggered")
+    runs = asyncio.run(client.staggered(textgen_server.http_url, streams=3, every=0.01, tokens=400))
+    assert [len(run.sizes) for run in runs] == [400, 600, 800]  # ignore_eos: exactly max_tokens each
+    assert max(max(run.sizes) for run in runs) >= 2 and all(1 <= size <= 3 for run in runs for size in run.sizes)
+    assert client.runs_of([1, 1, 2, 2, 2, 1]) == "1x2 2x3 1x1"

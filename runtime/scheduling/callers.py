@@ -1,4 +1,5 @@
-"""The callers of the continuous batcher: each call's items in order, each stream's entry.
+"""The callers of the continuous batcher: each call's items in order, each stream's entry, and
+how a call of several requests (a stream) is served.
 
 A *call* is one ``infer`` or one iteration of ``stream`` (an SSE response, a gRPC
 ``ModelStreamInfer`` call): the stepper pushes what the call's streams produce (chunks, their
@@ -11,14 +12,22 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
 
 from ..continuous import Stream
+from ..errors import ServerError
 from ..sequences.identity import mark_response
 from ..sequences.lifecycle import Pending
-from ..types import InferenceResponse, Parameters
+from ..types import InferenceRequest, InferenceResponse, Parameters
+from .base import RequestFailed
 from .queueing import Waiter
+
+if TYPE_CHECKING:
+    from .continuous import ContinuousScheduler
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""
@@ -114,3 +123,65 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
     sequence = entry.stream.sequence
     if entry.pending is not None and sequence is not None:
         mark_response(response, entry.pending.control, last and sequence.ends)
+
+
+async def serve_stream(
+    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest]
+) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
+    """One call's requests, each run as a stream as it arrives; their chunks, in the order made.
+
+    A request that is refused or fails is yielded as ``RequestFailed`` and the others go on.
+    Closing the iteration takes every stream of the call out of the batch.
+    """
+    call = Call()
+    reader = asyncio.create_task(_read(scheduler, requests, call))
+    try:
+        while True:
+            kind, entry, payload = await call.get()
+            if kind == CHUNK:
+                assert entry is not None
+                entry.unread -= 1
+                if entry.unread == STREAM_BUFFER - 1:
+                    scheduler.wake()  # it may step again
+                yield payload
+            elif kind == END:
+                call.close(entry)
+                if not call.reading and not call.open:
+                    return
+            elif kind == READ_END:
+                if not call.open:
+                    return
+            elif kind == ERROR:  # one request failed: in band, the others go on
+                call.close(entry)
+                yield payload
+                if not call.reading and not call.open:
+                    return
+            else:  # READ_FAILED: the requests themselves broke
+                raise payload
+    finally:
+        # leave first, synchronously: this may run inside a cancelled anyio scope (an SSE
+        # response whose client went away), where every await raises at once
+        for entry in list(call.open):
+            scheduler.leave(entry)
+        call.open.clear()
+        call.items.clear()
+        reader.cancel()
+        with anyio.CancelScope(shield=True):  # the requests' iterator must be free when we return
+            await asyncio.gather(reader, return_exceptions=True)
+
+
+async def _read(scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
+    try:
+        async for request in requests:
+            await call.wait_for_room(call.taken)
+            try:
+                entry = scheduler.admit(request, call)
+            except ServerError as exc:
+                call.push((ERROR, None, RequestFailed(exc, request.id)))
+                continue
+            call.open[entry] = None
+        call.reading = False
+        call.push((READ_END, None, None))
+    except Exception as exc:
+        call.reading = False
+        call.push((READ_FAILED, None, exc))

@@ -14,9 +14,10 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
   client went away: a stream whose caller closes or cancels its iteration (a client disconnect,
   a cancelled gRPC call) is dropped before the next step, and its slot is free for that step;
   a chunk the model produced for it meanwhile is discarded.
-- **Isolation.** ``StepResult(error=...)`` ends one stream with that error (in band, after its
-  earlier chunks) and the others go on. If ``step`` itself raises, each stream of that step is run
-  again alone, so that only the streams that fail alone end with the error.
+- **Isolation.** ``StepResult(error=...)`` ends one stream with that error and the others go on:
+  the stream yields ``RequestFailed`` for that request (in band on a gRPC call, raised by
+  ``infer_stream``: an SSE ``event: error`` after its earlier chunks). If ``step`` itself raises,
+  each stream of that step is run again alone, so that only those that fail alone end with the error.
 - **Order and back-pressure.** Each caller gets its own chunks, in the order the model produced
   them. A stream whose reader has not taken ``STREAM_BUFFER`` of its chunks sits out the next
   steps (it keeps its slot) until the reader catches up, so a slow client never grows a buffer.
@@ -29,6 +30,8 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
   tagged with its request's id. A call reads no further than ``CALL_WINDOW`` requests past its
   oldest unfinished one (then gRPC's flow control holds the client back).
 - **Stopping** refuses new streams (503), lets the running and waiting ones finish, then ends.
+- **With ``sequence_batching``** a request of a sequence may join while an earlier one of the same
+  sequence still streams; the sequence rules and state live in :mod:`.stream_sequences`.
 """
 
 from __future__ import annotations
@@ -39,30 +42,18 @@ import inspect
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import anyio
-
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from ..errors import ModelFailed, ModelNotReady, ServerError, ShuttingDown
+from ..errors import ModelFailed, ModelNotReady, ShuttingDown
 from ..model import MLModel
 from ..sequences.identity import parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
-from .callers import (
-    CHUNK,
-    END,
-    ERROR,
-    READ_END,
-    READ_FAILED,
-    STREAM_BUFFER,
-    Call,
-    Entry,
-    stamp,
-)
+from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout
 from .stream_sequences import StreamSequences
 
@@ -83,14 +74,14 @@ class ContinuousScheduler(Scheduler):
         self.max_streams = max(1, settings.max_batch_size)
         self._queue = WaitQueue(settings.max_queue_size, settings.name)
         self._running: dict[Entry, None] = {}
-        self._wakeup = asyncio.Event()
+        self.wakeup = asyncio.Event()
         self._stepper: asyncio.Task[None] | None = None
         self._closing = False
         self._step_ids = itertools.count(1)
         self._async_step = inspect.iscoroutinefunction(model.step)
         self._executor: ThreadPoolExecutor | None = None
         self._orders = itertools.count()
-        self.sequences = StreamSequences(model, settings, self._wake) if settings.sequence_batching else None
+        self.sequences = StreamSequences(model, settings, self.wake) if settings.sequence_batching else None
         """With ``sequence_batching``: the model's sequences (None without)."""
         self.steps = 0
         """Steps run so far."""
@@ -131,15 +122,16 @@ class ContinuousScheduler(Scheduler):
         self._stepper.add_done_callback(self._stepper_done)
 
     def _stepper_done(self, task: asyncio.Task[None]) -> None:
-        if not self._closing:  # it ended by itself: a bug; refuse work rather than queue it forever
-            self._closing = True
-            exc = None if task.cancelled() else task.exception()
-            logger.error("Continuous batching of model %r stopped unexpectedly: %r", self.name, exc)
+        if self._closing:
+            return
+        self._closing = True  # refuse work rather than queue it forever
+        if not task.cancelled():  # it ended by itself: a bug (cancelled: the event loop is closing)
+            logger.error("Continuous batching of model %r stopped unexpectedly: %r", self.name, task.exception())
 
     async def stop(self) -> None:
         """Take no new streams; let the running and waiting ones finish, then end."""
         self._closing = True
-        self._wake()
+        self.wake()
         if self._stepper is not None:
             await asyncio.gather(self._stepper, return_exceptions=True)
         if self.sequences is not None:
@@ -147,15 +139,15 @@ class ContinuousScheduler(Scheduler):
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, wait=True)
 
-    def _wake(self) -> None:
-        self._wakeup.set()
+    def wake(self) -> None:
+        self.wakeup.set()
 
     # ------------------------------------------------------------------ callers
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """A unary request runs as a stream; its answer is its chunks combined by the model."""
         call = Call()
-        entry = self._admit(request, call, collect=True)
+        entry = self.admit(request, call, collect=True)
         try:
             while True:
                 kind, _, payload = await call.get()
@@ -165,68 +157,13 @@ class ContinuousScheduler(Scheduler):
                 if kind == ERROR:
                     raise payload.error
         finally:
-            self._leave(entry)
+            self.leave(entry)
             call.items.clear()
 
     def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
-        return self._stream(requests)
+        return serve_stream(self, requests)
 
-    async def _stream(
-        self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
-        call = Call()
-        reader = asyncio.create_task(self._read(requests, call))
-        try:
-            while True:
-                kind, entry, payload = await call.get()
-                if kind == CHUNK:
-                    assert entry is not None
-                    entry.unread -= 1
-                    if entry.unread == STREAM_BUFFER - 1:
-                        self._wake()  # it may step again
-                    yield payload
-                elif kind == END:
-                    call.close(entry)
-                    if not call.reading and not call.open:
-                        return
-                elif kind == READ_END:
-                    if not call.open:
-                        return
-                elif kind == ERROR:  # one request failed: in band, the others go on
-                    call.close(entry)
-                    yield payload
-                    if not call.reading and not call.open:
-                        return
-                else:  # READ_FAILED: the requests themselves broke
-                    raise payload
-        finally:
-            # leave first, synchronously: this may run inside a cancelled anyio scope (an SSE
-            # response whose client went away), where every await raises at once
-            for entry in list(call.open):
-                self._leave(entry)
-            call.open.clear()
-            call.items.clear()
-            reader.cancel()
-            with anyio.CancelScope(shield=True):  # the requests' iterator must be free when we return
-                await asyncio.gather(reader, return_exceptions=True)
-
-    async def _read(self, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
-        try:
-            async for request in requests:
-                await call.wait_for_room(call.taken)
-                try:
-                    entry = self._admit(request, call)
-                except ServerError as exc:
-                    call.push((ERROR, None, RequestFailed(exc, request.id)))
-                    continue
-                call.open[entry] = None
-            call.reading = False
-            call.push((READ_END, None, None))
-        except Exception as exc:
-            call.reading = False
-            call.push((READ_FAILED, None, exc))
-
-    def _admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
+    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
         """Queue a new stream (or raise at once: shutting down, bad timeout, queue full)."""
         if self._closing:
             raise ShuttingDown(f"Model {self.name!r} is unloading")
@@ -256,7 +193,7 @@ class ContinuousScheduler(Scheduler):
             entry.pending.future.add_done_callback(self._refused_by_sequence(entry))
         call.taken += 1
         entry.future.add_done_callback(self._timed_out(entry))
-        self._wake()
+        self.wake()
         return entry
 
     def _timed_out(self, entry: Entry) -> Any:
@@ -277,7 +214,7 @@ class ContinuousScheduler(Scheduler):
 
         return done
 
-    def _leave(self, entry: Entry) -> None:
+    def leave(self, entry: Entry) -> None:
         """The caller no longer wants this stream."""
         if entry.ended:
             return
@@ -288,7 +225,7 @@ class ContinuousScheduler(Scheduler):
             entry.future.cancel()
             return
         entry.gone = True
-        self._wake()
+        self.wake()
 
     def _cancel_sequence(self, entry: Entry) -> None:
         """A request of a sequence was given up on: the sequence is cancelled, and with it its other
@@ -299,14 +236,14 @@ class ContinuousScheduler(Scheduler):
             if not other.ended and not other.gone:
                 other.call.push((ERROR, other, RequestFailed(self.sequences.cancelled_error(other), other.stream.id)))
                 other.gone = True
-        self._wake()
+        self.wake()
 
     # ------------------------------------------------------------------ the stepper
 
     async def _run(self) -> None:
         try:
             while True:
-                self._wakeup.clear()
+                self.wakeup.clear()
                 if self.sequences is not None:
                     await self.sequences.deliver_notices()
                 await self._drop_gone()
@@ -320,7 +257,7 @@ class ContinuousScheduler(Scheduler):
                     continue
                 if self._closing and not self._running and not len(self._queue):
                     return
-                await self._wakeup.wait()
+                await self.wakeup.wait()
         finally:
             # only reached with streams left when this task itself is cancelled or broken
             for waiter in self._queue.drain():
