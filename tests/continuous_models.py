@@ -34,7 +34,8 @@ class Ticker(ContinuousModel):
 
     Request parameters: ``length`` (default 3), ``fail_at`` (the stream fails with StepResult(error)
     at that chunk), ``raise_at`` (the whole ``step`` raises while this stream is at that chunk),
-    ``refuse`` (start_stream raises InvalidInput), ``delay_ms`` (each step sleeps that long: the cost
+    ``refuse`` (start_stream raises InvalidInput), ``slow_start`` (start_stream sets ``starting`` and
+    waits for ``start_gate``), ``delay_ms`` (each step sleeps that long: the cost
     of a step, for tests over a real server). Input ``base`` (INT64, optional) offsets the values.
 
     It records every step's stream ids (``batches``) and every ``end_stream`` (``ended``). A test
@@ -48,6 +49,8 @@ class Ticker(ContinuousModel):
         self.started: list[str] = []
         self._tickets: asyncio.Semaphore | None = None
         self.stepping = asyncio.Event()
+        self.starting = asyncio.Event()
+        self.start_gate = asyncio.Event()
         return True
 
     # ------------------------------------------------------------------ test controls
@@ -78,6 +81,9 @@ class Ticker(ContinuousModel):
         request = stream.request
         if _param(request, "refuse"):
             raise InvalidInput("refused as asked")
+        if _param(request, "slow_start"):
+            self.starting.set()
+            await self.start_gate.wait()
         base = next((inp for inp in request.inputs if inp.name == "base"), None)
         stream.state = Ticks(
             length=_param(request, "length", 3),

@@ -99,6 +99,32 @@ async def test_a_stream_closed_inside_a_cancelled_anyio_scope_still_frees_its_sl
     assert scheduler.running == 0
 
 
+async def test_a_joiner_whose_client_leaves_while_another_joiner_starts(inprocess: InProcess) -> None:
+    """Race: two streams join at the same step; the first one's start_stream awaits, and meanwhile
+    the second one's client goes away. The second must simply be dropped (never started, its slot
+    freed), and the batcher must go on serving."""
+    model, scheduler = await loaded(inprocess, ticker_settings())
+    model.hold()
+    running = Client(inprocess.dataplane, "running", length=3)
+    await model.wait_stepping()
+    slow = Client(inprocess.dataplane, "slow", length=2, slow_start=1)
+    quitter = Client(inprocess.dataplane, "quitter", length=2)
+    await turns_until(lambda: scheduler.queued == 2)
+    model.advance()  # step 1 ends; slow and quitter join; slow's start_stream waits
+    await model.starting.wait()
+    quitter.task.cancel()
+    await quitter.done.wait()
+    model.start_gate.set()
+    model.release()
+    for client in (running, slow):
+        await client.finished()
+        assert client.error is None
+    assert ticks(slow.chunks) == [1, 2] and "quitter" not in model.started
+    assert all("quitter" not in batch for batch in model.batches)
+    await turns_until(lambda: scheduler.running == 0)
+    assert ticks((await Client(inprocess.dataplane, "after", length=1).finished()).chunks) == [1]
+
+
 async def test_a_stream_that_leaves_while_it_waits_never_runs(inprocess: InProcess) -> None:
     model, scheduler = await loaded(inprocess, ticker_settings(max_batch_size=1))
     model.hold()
@@ -283,6 +309,7 @@ async def test_metadata_and_a_model_that_cannot_step(inprocess: InProcess) -> No
         "max_batch_size": 5,
         "max_queue_size": 1024,
         "queue_timeout": 2.0,
+        "stats": {"running_streams": 0, "queued_streams": 0, "steps": 0, "largest_batch": 0},
     }
     assert config["model_transaction_policy"] == {"decoupled": True} and config["max_batch_size"] == 0
     entry = await inprocess.registry.load(

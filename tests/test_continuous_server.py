@@ -221,6 +221,21 @@ def test_grpc_a_failing_stream_is_answered_in_band_and_the_other_goes_on(server:
         long.cancel()
 
 
+def test_grpc_a_cancelled_call_frees_its_slot_for_a_waiting_stream(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
+        a = stub.ModelStreamInfer(iter([grpc_request("a", **LONG)]), timeout=60)
+        b = stub.ModelStreamInfer(iter([grpc_request("b", **LONG)]), timeout=60)
+        assert tick(next(a)) == 1 and tick(next(b)) == 1  # both slots are held
+        waiting = stub.ModelStreamInfer(iter([grpc_request("c", length=3, delay_ms=5)]), timeout=60)
+        b.cancel()  # its client cancels the call: the server drops its stream
+        answers = list(waiting)
+        assert [tick(r) for r in answers] == [1, 2, 3]
+        assert {r.parameters["batch_size"].int64_param for r in answers} == {2}  # beside a, in b's slot
+        assert tick(next(a)) > 1  # a went on
+        a.cancel()
+
+
 # ---------------------------------------------------------------------- gRPC, Triton's format
 
 

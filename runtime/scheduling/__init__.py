@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from ..continuous import ContinuousModel
 from ..model import MLModel
 from ..sequences.model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
@@ -22,6 +23,12 @@ def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
     ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in MLServer); else direct."""
     if settings.continuous_batching:
         return ContinuousScheduler(model, settings)
+    if isinstance(model, ContinuousModel) and type(model).predict_stream is MLModel.predict_stream:
+        logger.warning(
+            "Model %r is a ContinuousModel but its settings do not set continuous_batching: true; "
+            "its step is not used",
+            settings.name,
+        )
     if settings.sequence_batching:
         # requests outside any sequence go to the model's predict, scheduled as for any model
         stateless = _stateless(model, settings) if serves_stateless(model) else None

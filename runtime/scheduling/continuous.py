@@ -74,7 +74,7 @@ class ContinuousScheduler(Scheduler):
         self.max_streams = max(1, settings.max_batch_size)
         self._queue = WaitQueue(settings.max_queue_size, settings.name)
         self._running: dict[Entry, None] = {}
-        self.wakeup = asyncio.Event()
+        self._wakeup = asyncio.Event()
         self._stepper: asyncio.Task[None] | None = None
         self._closing = False
         self._step_ids = itertools.count(1)
@@ -103,11 +103,17 @@ class ContinuousScheduler(Scheduler):
         return len(self._queue)
 
     def describe(self) -> dict[str, Any]:
-        described = {
+        described: dict[str, Any] = {
             "scheduler": "continuous",
             "max_batch_size": self.max_streams,
             "max_queue_size": self._queue.max_size,
             "queue_timeout": self.settings.queue_timeout,
+            "stats": {
+                "running_streams": len(self._running),
+                "queued_streams": len(self._queue),
+                "steps": self.steps,
+                "largest_batch": self.largest_batch,
+            },
         }
         if self.sequences is not None:
             described.update(self.sequences.describe(self.settings))
@@ -140,7 +146,7 @@ class ContinuousScheduler(Scheduler):
             await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     def wake(self) -> None:
-        self.wakeup.set()
+        self._wakeup.set()
 
     # ------------------------------------------------------------------ callers
 
@@ -243,7 +249,7 @@ class ContinuousScheduler(Scheduler):
     async def _run(self) -> None:
         try:
             while True:
-                self.wakeup.clear()
+                self._wakeup.clear()
                 if self.sequences is not None:
                     await self.sequences.deliver_notices()
                 await self._drop_gone()
@@ -257,7 +263,7 @@ class ContinuousScheduler(Scheduler):
                     continue
                 if self._closing and not self._running and not len(self._queue):
                     return
-                await self.wakeup.wait()
+                await self._wakeup.wait()
         finally:
             # only reached with streams left when this task itself is cancelled or broken
             for waiter in self._queue.drain():
@@ -278,9 +284,13 @@ class ContinuousScheduler(Scheduler):
         free = self.max_streams - len(self._running)
         if free <= 0 or not len(self._queue):
             return
-        for entry in self._joiners(free):
+        joining = self._joiners(free)
+        for entry in joining:  # all at once: a caller that leaves while the others start finds it running
             entry.future.set_result(None)
             self._running[entry] = None
+        for entry in joining:
+            if entry.gone:
+                continue  # it left while those before it started: dropped before the next step
             try:
                 if self.sequences is not None and entry.pending is not None:
                     await self.sequences.join(entry)
