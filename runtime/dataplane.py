@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from .generate import (
     to_inference_request,
     wants_details,
 )
+from .ids import new_id
 from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
@@ -332,7 +332,7 @@ def finish_response(
         if request.id is not None:
             response.id = request.id
         elif response.id is None:
-            response.id = str(uuid.uuid4())
+            response.id = new_id()
     for out in response.outputs:
         out.data = output_array(out)
     if request is not None and request.outputs:
