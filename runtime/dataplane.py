@@ -267,7 +267,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
             _check_declared(inp, declared, entry.name)
         inp.data = input_array(inp)
     if declared:
-        missing = [name for name in declared if name not in seen]
+        missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
             raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")
     if request.outputs and entry.settings.outputs:
