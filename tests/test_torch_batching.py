@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from runtime.sequences import SequenceStep
 from runtime.settings import ModelSettings
-from runtime.types import MetadataTensor
+from runtime.torch import TorchSequenceModel
+from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
 from .conftest import InProcess
 from .servers import RunningServer, start_server
@@ -320,3 +322,37 @@ def test_real_server_sequence_over_grpc(batching_server: RunningServer, torch_re
     assert last is not None
     got = {"y": np.concatenate(ys, axis=1), "h": last.as_numpy("h"), "c": last.as_numpy("c")}
     _check_rows("lstm", got, _whole(own_module(torch_repository, LSTM), x))
+
+
+class _Counting(TorchSequenceModel):
+    """Records how many steps each forward call of a batch served."""
+
+    groups: list[int]
+
+    async def _run_group(self, members: list[tuple[int, dict[str, np.ndarray]]]) -> Any:
+        self.groups = [*getattr(self, "groups", []), len(members)]
+        return await super()._run_group(members)
+
+
+@pytest.mark.anyio
+async def test_steps_that_agree_after_the_batch_dimension_share_one_forward_call(
+    inprocess: InProcess, torch_repository: Path
+) -> None:
+    await inprocess.load(_sequence_settings(torch_repository, implementation=_Counting))
+    model = inprocess.registry.get("seq").model
+    assert isinstance(model, _Counting)
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal(shape, dtype=np.float32) for shape in ((1, 3, 8), (2, 3, 8), (1, 4, 8))]
+
+    def request(x: np.ndarray) -> InferenceRequest:
+        return InferenceRequest(inputs=[RequestInput(name="x", shape=list(x.shape), datatype="FP32", data=x)])
+
+    steps = [SequenceStep(request(x), f"k{i}", True, False, None) for i, x in enumerate(xs)]
+    results = await model.predict_sequences(steps)
+    assert model.groups == [2, 1]
+    module = own_module(torch_repository, LSTM)
+    for x, step, result in zip(xs, steps, results, strict=True):
+        assert isinstance(result, InferenceResponse)
+        expected = _whole(module, x)
+        _check_rows("lstm", {out.name: np.asarray(out.data) for out in result.outputs}, expected)
+        assert np.array_equal(step.state["h0"], expected["h"]) and np.array_equal(step.state["c0"], expected["c"])
