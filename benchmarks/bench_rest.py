@@ -3,8 +3,10 @@
     python3 benchmarks/bench_rest.py [--seconds 5] [--connections 16]
 
 Both servers run as separate processes on 127.0.0.1 with uvicorn, httptools and uvloop, and are
-loaded by the same client in one run. The bare endpoint parses the same JSON with orjson and
-answers the same JSON document; the ratio is mlserver-like / bare.
+loaded by the same client in one run, in alternating rounds (so that a change in the machine's
+load falls on both alike). The bare endpoint parses the same JSON with orjson and answers the same
+JSON document. Printed: throughput over all rounds, the median of the per-round ratios, and each
+server's CPU time per request (read from /proc), the steadier figure on a shared machine.
 """
 
 from __future__ import annotations
@@ -62,16 +64,25 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def measure(port: int, body: bytes, connections: int, seconds: float):  # type: ignore[no-untyped-def]
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(port: int, pid: int, body: bytes, connections: int, seconds: float):  # type: ignore[no-untyped-def]
+    """One round: the load result and the server's CPU seconds per request."""
     import uvloop
 
     request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
-    return uvloop.run(run_load("127.0.0.1", port, request, connections, seconds))
+    before = cpu_seconds(pid)
+    result = uvloop.run(run_load("127.0.0.1", port, request, connections, seconds, warmup=0.2))
+    return result, (cpu_seconds(pid) - before) / max(result.requests, 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=1.5, help="length of one round")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements in the echoed tensor")
     args = parser.parse_args()
@@ -97,14 +108,29 @@ def main() -> None:
         port = int(server.http_address.rsplit(":", 1)[1])
         idle = rss_mib(server.process.pid)
         print(f"idle resident memory: {idle:.1f} MiB  (target 80 MiB)")
-        ours = measure(port, body, args.connections, args.seconds)
-        theirs = measure(bare_port, body, args.connections, args.seconds)
-        for label, r in (("mlserver-like", ours), ("bare starlette", theirs)):
+        rounds: dict[str, list] = {"mlserver-like": [], "bare starlette": []}  # type: ignore[type-arg]
+        for _ in range(args.rounds):
+            rounds["mlserver-like"].append(measure(port, server.process.pid, body, args.connections, args.seconds))
+            rounds["bare starlette"].append(measure(bare_port, bare.pid, body, args.connections, args.seconds))
+        totals = {}
+        for label, results in rounds.items():
+            requests = sum(r.requests for r, _ in results)
+            seconds = sum(r.seconds for r, _ in results)
+            latencies = sorted(x for r, _ in results for x in r.latencies)
+            cpu = statistics.median(c for _, c in results)
+            totals[label] = (requests / seconds, cpu)
             print(
-                f"{label:>15}: {r.throughput:8.0f} req/s  p50 {r.percentile(0.5) * 1e3:6.2f} ms  "
-                f"p99 {r.percentile(0.99) * 1e3:6.2f} ms  errors {r.errors}"
+                f"{label:>15}: {requests / seconds:8.0f} req/s  p50 {latencies[len(latencies) // 2] * 1e3:6.2f} ms  "
+                f"p99 {latencies[int(len(latencies) * 0.99)] * 1e3:6.2f} ms  CPU {cpu * 1e6:5.0f} us/request  "
+                f"errors {sum(r.errors for r, _ in results)}"
             )
-        print(f"ratio mlserver-like / bare: {ours.throughput / theirs.throughput:.2f}  (target >= 0.6)")
+        per_round = [a.throughput / b.throughput for (a, _), (b, _) in zip(*rounds.values(), strict=True)]
+        ours, theirs = totals["mlserver-like"], totals["bare starlette"]
+        print(
+            f"ratio mlserver-like / bare: throughput {ours[0] / theirs[0]:.2f} over all rounds, "
+            f"{statistics.median(per_round):.2f} median of rounds; CPU per request {theirs[1] / ours[1]:.2f}"
+            "  (target >= 0.6)"
+        )
     finally:
         server.stop()
         os.kill(bare.pid, signal.SIGTERM)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from .generate import (
     to_inference_request,
     wants_details,
 )
+from .ids import new_id
 from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
@@ -267,7 +267,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
             _check_declared(inp, declared, entry.name)
         inp.data = input_array(inp)
     if declared:
-        missing = [name for name in declared if name not in seen]
+        missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
             raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")
     if request.outputs and entry.settings.outputs:
@@ -332,7 +332,7 @@ def finish_response(
         if request.id is not None:
             response.id = request.id
         elif response.id is None:
-            response.id = str(uuid.uuid4())
+            response.id = new_id()
     for out in response.outputs:
         out.data = output_array(out)
     if request is not None and request.outputs:

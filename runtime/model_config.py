@@ -16,11 +16,14 @@ from .types import MetadataTensor
 def _tensor(tensor: MetadataTensor, batched: bool) -> dict[str, Any]:
     datatype = tensor.datatype.value
     dims = list(tensor.shape[1:]) if batched and tensor.shape else list(tensor.shape)
-    return {
+    found: dict[str, Any] = {
         "name": tensor.name,
         "data_type": "TYPE_" + ("STRING" if datatype == "BYTES" else datatype),
         "dims": dims,
     }
+    if tensor.optional:
+        found["optional"] = True
+    return found
 
 
 def model_config(settings: ModelSettings, scheduler: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .errors import InvalidInput, ServerError
+from .ids import new_id
 from .streaming import RECENT_REQUESTS, StreamError, sort_error
 from .types import InferenceRequest, InferenceResponse
 
@@ -89,7 +89,7 @@ class Reply(Generic[T]):
 def _decode(item: Routed[T]) -> InferenceRequest:
     request = item.decode()
     if request.id is None:
-        request.id = str(uuid.uuid4())  # here, so that every reply to the request can name it
+        request.id = new_id()  # here, so that every reply to the request can name it
     return request
 
 

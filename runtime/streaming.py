@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from .errors import InvalidInput, ModelFailed, ServerError
+from .ids import new_id
 from .registry import ModelEntry
 from .scheduling import RequestFailed
 from .types import InferenceRequest, InferenceResponse
@@ -188,7 +188,7 @@ class StreamSession:
 
     def _prepare(self, request: InferenceRequest) -> None:
         if request.id is None:
-            request.id = str(uuid.uuid4())
+            request.id = new_id()
         self.prepare(request, self.entry)
 
     async def _serve(self, first: InferenceRequest) -> AsyncGenerator[InferenceResponse | StreamError, None]:

@@ -117,6 +117,12 @@ class MetadataTensor(_Base):
     shape: list[int]
     parameters: Parameters | None = None
 
+    @property
+    def optional(self) -> bool:
+        """An input the client may omit (``"parameters": {"optional": true}``, Triton's ``optional``)."""
+        extra = self.parameters.model_extra if self.parameters is not None else None
+        return bool(extra and extra.get("optional") is True)
+
 
 class MetadataModelResponse(_Base):
     name: str

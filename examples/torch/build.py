@@ -8,6 +8,8 @@ Two models, each saved three ways: a TorchScript file (``torch.jit.save``), a to
 program (``torch.export.save``, .pt2) and a state_dict (``torch.save(module.state_dict())``)
 whose class lives beside it in the model folder. The same seed gives the same weights to all
 three, so they answer a request identically. The artefacts are a few kilobytes each.
+``lstm-sequence`` serves the LSTM's TorchScript file again with sequence batching: the server
+keeps each sequence's hidden state (``h``, ``c``) and feeds it back as ``h0``, ``c0``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def build(root: Path = MODELS) -> dict[str, Path]:
         "lstm-torchscript": root / "lstm-torchscript" / "lstm.pt",
         "lstm-export": root / "lstm-export" / "lstm.pt2",
         "lstm-state-dict": root / "lstm-state-dict" / "lstm.pth",
+        "lstm-sequence": root / "lstm-sequence" / "lstm.pt",
     }
     with warnings.catch_warnings():
         # torch warns that TorchScript is deprecated (torch.export is its successor) and that
@@ -81,6 +84,7 @@ def build(root: Path = MODELS) -> dict[str, Path]:
         torch.save(mlp().state_dict(), written["mlp-state-dict"])
 
         torch.jit.save(torch.jit.script(lstm()), str(written["lstm-torchscript"]))
+        torch.jit.save(torch.jit.script(lstm()), str(written["lstm-sequence"]))  # served with sequence batching
         dynamic = {"x": {0: batch}, "h0": {0: batch}, "c0": {0: batch}}
         program = torch.export.export(lstm(), lstm_inputs(), dynamic_shapes=dynamic)
         torch.export.save(program, str(written["lstm-export"]))

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ..dataplane import DataPlane, raw_request
-from ..errors import PayloadTooLarge, ServerError
+from ..errors import Cancelled, PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
@@ -46,12 +46,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"The request body of {declared} bytes is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:  # the ASGI messages themselves: cheaper than Request.stream() on the hot path
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise Cancelled("The client disconnected while sending its request")
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes")
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class RestApi:
@@ -101,7 +106,7 @@ class RestApi:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.max_request_size)
         inference_request = self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
-        read_sequence_headers(inference_request, request.headers)
+        read_sequence_headers(inference_request, request.scope["headers"])
         return inference_request
 
     def parse_inference_request(
@@ -116,7 +121,10 @@ class RestApi:
     def routes(self) -> list[BaseRoute]:
         model = "/v2/models/{model_name}"
         versioned = "/v2/models/{model_name}/versions/{model_version}"
+        # Starlette tries routes in order: the hot path (infer) first, then health probes
         routes: list[BaseRoute] = [
+            Route(model + "/infer", self.infer, methods=["POST"]),
+            Route(versioned + "/infer", self.infer, methods=["POST"]),
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready, methods=["GET"]),
             Route("/v2", self.metadata, methods=["GET"]),
@@ -127,7 +135,6 @@ class RestApi:
                 Route(prefix, self.model_metadata, methods=["GET"]),
                 Route(prefix + "/ready", self.model_ready, methods=["GET"]),
                 Route(prefix + "/config", self.model_config, methods=["GET"]),
-                Route(prefix + "/infer", self.infer, methods=["POST"]),
             ]
         return routes
 

@@ -8,7 +8,7 @@ and, on the response that ends it, ``ts_request_sequence_end: true``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from ..sequences.identity import END, ID, START, apply_transport_fields
 from ..types import InferenceRequest, InferenceResponse
@@ -19,9 +19,23 @@ HEADER_END = "ts_request_sequence_end"
 _HEADERS = ((HEADER_ID, ID), (HEADER_START, START), (HEADER_END, END))
 
 
-def read_sequence_headers(request: InferenceRequest, headers: Mapping[str, str]) -> None:
-    """Put the sequence headers (``headers`` must match names case-insensitively) into the request."""
-    fields = {param: headers[header] for header, param in _HEADERS if header in headers}
+_PREFIX = b"ts_request_sequence_"
+
+
+def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """Put the sequence headers into the request.
+
+    ``raw_headers`` are the ASGI scope's (names already lower-case); one pass finds them, so a
+    request without them pays a few prefix comparisons.
+    """
+    found = {name: value for name, value in raw_headers if name[:20] == _PREFIX}
+    if not found:
+        return
+    fields = {
+        param: found[header.encode()].decode("latin-1")
+        for header, param in _HEADERS
+        if header.encode() in found
+    }
     if fields:
         apply_transport_fields(request, fields)
 

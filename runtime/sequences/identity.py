@@ -15,12 +15,12 @@ Transports translate their own ways of saying these (REST: the TorchServe header
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SequenceError
+from ..ids import new_id
 from ..types import InferenceRequest, InferenceResponse, Parameters
 
 ID = "sequence_id"
@@ -106,7 +106,7 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
             if end:
                 raise SequenceError("sequence_end needs the sequence_id of the sequence it ends")
             return None
-        made = f"seq-{uuid.uuid4()}"
+        made = f"seq-{new_id()}"
         return SequenceControl(key=made, echo=made, start=True, end=end, generated=True)
     return SequenceControl(key=str(given), echo=given, start=start, end=end)
 

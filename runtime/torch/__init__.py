@@ -14,10 +14,16 @@ from .settings import TorchSettings
 if TYPE_CHECKING:
     from .model import TorchModel
     from .runner import TensorSpec, TorchRunner
+    from .sequence import TorchSequenceModel
 
-__all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSettings"]
+__all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSequenceModel", "TorchSettings"]
 
-_LAZY = {"TorchModel": ".model", "TorchRunner": ".runner", "TensorSpec": ".runner"}
+_LAZY = {
+    "TorchModel": ".model",
+    "TorchRunner": ".runner",
+    "TensorSpec": ".runner",
+    "TorchSequenceModel": ".sequence",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,8 @@ class TorchModel(MLModel):
     """
 
     _runner: TorchRunner | None = None
+    _keeps_state = False
+    """Whether this class reads ``sequence_state`` (``TorchSequenceModel``)."""
     _declared: dict[str, MetadataTensor]
     _program: dict[str, ProgramInput]
 
@@ -49,6 +51,11 @@ class TorchModel(MLModel):
 
     async def load(self) -> bool:
         config = read_config(self.settings)
+        if config.options.sequence_state and not self._keeps_state:
+            raise ValueError(
+                "parameters.extra.sequence_state is read by runtime.torch.TorchSequenceModel "
+                '(with "sequence_batching": true); this model\'s implementation is TorchModel'
+            )
         declared = _declared_inputs(self.settings.inputs)
         for tensor in self.settings.outputs:
             if tensor.datatype is Datatype.BYTES:
@@ -92,8 +99,9 @@ class TorchModel(MLModel):
             ],
         )
 
-    def _arrays(self, payload: InferenceRequest) -> dict[str, np.ndarray]:
-        """The request's inputs as arrays by name, checked against the declared inputs."""
+    def _arrays(self, payload: InferenceRequest, may_omit: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+        """The request's inputs as arrays by name, checked against the declared inputs; only the
+        inputs in ``may_omit`` may be missing."""
         arrays: dict[str, np.ndarray] = {}
         for inp in payload.inputs:
             spec = self._declared.get(inp.name)
@@ -113,7 +121,7 @@ class TorchModel(MLModel):
                         f"takes {program}: {why}"
                     )
             arrays[inp.name] = data
-        missing = [name for name in self._declared if name not in arrays]
+        missing = [name for name in self._declared if name not in arrays and name not in may_omit]
         if missing:
             raise InvalidInput(f"Model {self.name!r} expects input(s) {missing} which the request lacks")
         return arrays

@@ -60,6 +60,13 @@ class TorchSettings(BaseModel):
     strict: bool = True
     """For a state_dict: require its keys to match the module's exactly (``load_state_dict(strict=)``)."""
 
+    sequence_state: dict[str, str] = {}
+    """For ``runtime.torch.TorchSequenceModel`` (with ``"sequence_batching": true``): each state
+    input of the forward mapped to the output that carries its next value, e.g.
+    ``{"h0": "h", "c0": "c"}``. Each state input is a declared input marked
+    ``"parameters": {"optional": true}`` with fixed dimensions after the first (the batch); it is
+    zeros on a sequence's first request and the previous request's mapped output after that."""
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
