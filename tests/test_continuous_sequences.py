@@ -157,3 +157,17 @@ async def test_the_model_hears_of_every_stream_and_sequence_once(inprocess: InPr
     assert sorted((key, reason) for key, reason, _ in model.sequences_ended) == [
         ("s0", "end"), ("s1", "end"), ("s2", "end")
     ]
+
+
+async def test_an_evicted_state_ends_its_sequence(inprocess: InProcess) -> None:
+    """The state store holds one state: when b's streams leave and its state goes back, a's (idle)
+    is evicted; a ends (the model is told) and its next request is refused, never started afresh."""
+    model, _ = await loaded(inprocess, sequence_state_capacity=1)
+    assert (await client(inprocess, "a1", sequence_id="a", sequence_start=True, length=1).finished()).error is None
+    assert (await client(inprocess, "b1", sequence_id="b", sequence_start=True, length=1).finished()).error is None
+    await model.told.wait()
+    assert model.sequences_ended == [("a", "eviction", ["a1"])]
+    late = await client(inprocess, "a2", sequence_id="a", length=1).finished()
+    assert isinstance(late.error, SequenceError) and "evicted" in str(late.error)
+    again = await client(inprocess, "b2", sequence_id="b", length=1).finished()  # b's state was kept
+    assert again.error is None and model.joined_with["b2"] == ["b1"]

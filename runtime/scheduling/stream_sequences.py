@@ -11,9 +11,10 @@ continuous batching). The rules:
 - **Order.** Requests of one sequence join in arrival order; within a step, a sequence's streams
   come in that order. A START on an id whose streams still run waits until they have left; then
   the old sequence ends (the model is told, reason ``restart``) and the fresh one begins.
-- **State.** When the first stream of a sequence joins, its state comes from the store (None on a
-  START); all its running streams share it (``stream.sequence.state``); when the last one leaves,
-  the state goes back to the store (an eviction ends that sequence, reason ``eviction``).
+- **State.** When the first stream of a sequence joins, its state leaves the store (None on a
+  START); all its running streams share it in memory (``stream.sequence.state``); when the last one
+  leaves, the state goes back to the store (which may evict another sequence's: that one ends,
+  reason ``eviction``, and its next request is refused).
 - **Ending.** A sequence ends once a stream whose request had ``sequence_end`` (or whose model
   called ``end_sequence()``) has finished and none of the sequence's streams runs; its last chunk
   carries ``sequence_end: true``. Idle and lifetime timeouts apply as with the sequence batcher,
@@ -130,7 +131,7 @@ class StreamSequences:
                     await self._tell(seq.key, pending.replaces or "restart", await self.store.pop(seq.key))
                 state = None
             else:
-                (state,) = await self.store.load([seq.key])
+                state = await self.store.pop(seq.key)  # in memory while its streams run
             running = self._running[seq] = _Running(state)
             seq.live = True
         running.entries[entry] = None
