@@ -78,7 +78,8 @@ StreamEnd = Literal["finished", "failed", "cancelled", "unload"]
 - ``finished``: the model returned its last chunk (``StepResult(finished=True)``);
 - ``failed``: its step failed (``StepResult(error=...)``, or ``step`` raised for it alone);
 - ``cancelled``: its client went away or cancelled the request;
-- ``unload``: the model stopped serving before the stream finished.
+- ``unload``: the batcher was stopped by force (its task cancelled) before the stream finished;
+  a normal unload or shutdown lets streams finish, or cuts them as their clients go (``cancelled``).
 """
 
 

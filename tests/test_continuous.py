@@ -316,3 +316,20 @@ async def test_metadata_and_a_model_that_cannot_step(inprocess: InProcess) -> No
         ModelSettings(name="plain", implementation="tests.stream_models.Counter", continuous_batching=True)
     )
     assert entry.state.value == "UNAVAILABLE" and "ContinuousModel" in entry.reason
+
+
+async def test_a_batcher_stopped_by_force_fails_its_streams_and_tells_the_model(inprocess: InProcess) -> None:
+    model, scheduler = await loaded(inprocess, ticker_settings(max_batch_size=1))
+    model.hold()
+    running = Client(inprocess.dataplane, "running", length=5)
+    await model.wait_stepping()
+    waiting = Client(inprocess.dataplane, "waiting", length=5)
+    await turns_until(lambda: scheduler.queued == 1)
+    assert scheduler._stepper is not None
+    scheduler._stepper.cancel()  # a bug or a torn-down event loop, not a normal stop
+    for client in (running, waiting):
+        await client.finished()
+        assert isinstance(client.error, ShuttingDown)
+    assert model.ended == [("running", "unload")]
+    with pytest.raises(ShuttingDown):  # it refuses work rather than queue it forever
+        await inprocess.dataplane.infer(request("late"), "ticker")

@@ -270,9 +270,17 @@ class ContinuousScheduler(Scheduler):
                 waiter.future.cancel()
                 if isinstance(waiter, Entry):
                     self._fail(waiter, ShuttingDown(f"Model {self.name!r} stopped serving streams"))
-            for entry in list(self._running):
+            cut = list(self._running)
+            for entry in cut:
                 self._fail(entry, ShuttingDown(f"Model {self.name!r} stopped while serving the stream"))
             self._running.clear()
+            for entry in cut:  # best effort: the task is being torn down
+                if entry.started:
+                    entry.started = False
+                    try:
+                        await self.stepping.end_stream(entry.stream, "unload")
+                    except BaseException:
+                        logger.debug("end_stream of a cut stream of model %r failed", self.name, exc_info=True)
 
     async def _drop_gone(self) -> None:
         for entry in [e for e in self._running if e.gone]:
