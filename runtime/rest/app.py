@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane, raw_request
 from ..errors import Cancelled, PayloadTooLarge, ServerError
@@ -59,6 +60,18 @@ async def read_body(request: Request, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+class _Asgi:
+    """Wraps a bound ``(scope, receive, send)`` method so that Starlette routes to it as an ASGI app."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: ASGIApp) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
 class RestApi:
     """The handlers; each one translates, calls the DataPlane, translates back."""
 
@@ -92,13 +105,24 @@ class RestApi:
         reason = f": {entry.reason}" if entry.reason else ""
         return error_response(f"Model {name!r} is not ready ({entry.state.value}){reason}", 503)
 
-    async def infer(self, request: Request) -> Response:
+    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST .../infer as a plain ASGI endpoint: the hot path skips Starlette's Response objects.
+
+        Errors raised before anything is sent reach the app's exception handlers as usual.
+        """
+        request = Request(scope, receive, send)
         name, version = _model(request)
         inference_request = await self.read_inference_request(request, name, version)
         response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name, version))
         body, headers = encode_response(response, inference_request)
-        media = "application/octet-stream" if headers else JSON
-        return Response(body, media_type=media, headers={**headers, **sequence_headers(response)})
+        raw = [
+            (b"content-type", b"application/octet-stream" if headers else b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        raw += [(k.encode(), v.encode()) for k, v in sequence_headers(response).items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.body", "body": body})
 
     async def read_inference_request(
         self, request: Request, name: str, version: str | None
@@ -123,8 +147,8 @@ class RestApi:
         versioned = "/v2/models/{model_name}/versions/{model_version}"
         # Starlette tries routes in order: the hot path (infer) first, then health probes
         routes: list[BaseRoute] = [
-            Route(model + "/infer", self.infer, methods=["POST"]),
-            Route(versioned + "/infer", self.infer, methods=["POST"]),
+            Route(model + "/infer", _Asgi(self.infer), methods=["POST"]),
+            Route(versioned + "/infer", _Asgi(self.infer), methods=["POST"]),
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready, methods=["GET"]),
             Route("/v2", self.metadata, methods=["GET"]),
