@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
 from ..sequences.identity import SequenceControl, mark_response, parse_control
-from ..sequences.lifecycle import Pending, Sequence, Sequences
+from ..sequences.lifecycle import Pending, Sequence, Sequences, TimerRules
 from ..sequences.model import EndReason, SequenceModel, SequenceStep
 from ..sequences.store import LRUStateStore, StateStore
 from ..settings import ModelSettings
@@ -43,7 +43,7 @@ from .sequence_streams import serve_stream
 logger = logging.getLogger(__name__)
 
 
-class SequenceScheduler(Scheduler):
+class SequenceScheduler(Scheduler, TimerRules):
     """The sequence batcher of one model."""
 
     def __init__(
@@ -374,21 +374,8 @@ class SequenceScheduler(Scheduler):
             seq.pending_end = "cancel"
             self.sequences.settle(seq, "cancel", everything=True)
 
-    def _on_idle(self, seq: Sequence) -> None:
-        seq.idle_timer = None
-        if self.sequences.current(seq) and seq.running is None and not seq.queue:
-            self._end_soon(seq, "idle")
-
-    def _on_lifetime(self, seq: Sequence) -> None:
-        seq.life_timer = None
-        if not self.sequences.current(seq):
-            return
-        if seq.closed is None:
-            seq.closed = "timeout"
-        if seq.running is None and not seq.queue:
-            self._end_soon(seq, "timeout")
-        elif seq.pending_end is None:
-            seq.pending_end = "timeout"
+    def _busy(self, seq: Sequence) -> bool:
+        return seq.running is not None
 
     # ------------------------------------------------------------------ metadata
 

@@ -40,7 +40,7 @@ from typing import Any
 from ..continuous import ContinuousModel, SequenceState, StreamSequence
 from ..errors import Cancelled
 from ..sequences.identity import SequenceControl
-from ..sequences.lifecycle import Pending, Sequence, Sequences
+from ..sequences.lifecycle import Pending, Sequence, Sequences, TimerRules
 from ..sequences.model import EndReason
 from ..sequences.store import LRUStateStore, StateStore
 from ..settings import ModelSettings
@@ -62,7 +62,7 @@ class _Running(SequenceState):
         """A stream that ends the sequence has finished: it ends once none of its streams runs."""
 
 
-class StreamSequences:
+class StreamSequences(TimerRules):
     """The sequences of one continuously batched model; see the module docstring."""
 
     def __init__(
@@ -238,21 +238,8 @@ class StreamSequences:
             self._wake()
         self.sequences.settle(seq, reason, everything=reason == "cancel")
 
-    def _on_idle(self, seq: Sequence) -> None:
-        seq.idle_timer = None
-        if self.sequences.current(seq) and seq not in self._running and not seq.queue:
-            self._end_soon(seq, "idle")
-
-    def _on_lifetime(self, seq: Sequence) -> None:
-        seq.life_timer = None
-        if not self.sequences.current(seq):
-            return
-        if seq.closed is None:
-            seq.closed = "timeout"
-        if seq not in self._running and not seq.queue:
-            self._end_soon(seq, "timeout")
-        elif seq.pending_end is None:
-            seq.pending_end = "timeout"
+    def _busy(self, seq: Sequence) -> bool:
+        return seq in self._running
 
     async def _tell(self, key: str, reason: EndReason, state: Any) -> None:
         self.sequences.ended_by[reason] += 1
