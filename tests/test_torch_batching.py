@@ -1,7 +1,7 @@
 """The PyTorch runtime under adaptive batching and sequence batching, one runtime for both.
 
 Adaptive: concurrent callers share one forward call (``batch_size`` > 1) and each gets exactly
-its own rows. Sequences (``TorchSequenceModel``): the LSTM's hidden state is the sequence's
+its own rows. Sequences (``TorchModel`` with ``sequence_state``): the LSTM's hidden state is the sequence's
 state; several sequences sent chunk by chunk, sharing batches, give what one forward pass over
 each whole sequence gives.
 
@@ -26,7 +26,7 @@ import tritonclient.grpc as triton_grpc
 
 from runtime.sequences import SequenceStep
 from runtime.settings import ModelSettings
-from runtime.torch import TorchSequenceModel
+from runtime.torch import TorchModel
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
 from .conftest import InProcess
@@ -239,17 +239,17 @@ async def test_bad_sequence_settings_fail_the_load(
 
 
 @pytest.mark.anyio
-async def test_state_needs_fixed_dimensions_and_torch_model_refuses_sequence_state(
+async def test_state_needs_fixed_dimensions_and_a_strategy_that_keeps_it(
     inprocess: InProcess, torch_repository: Path
 ) -> None:
     loose = _sequence_settings(torch_repository, name="loose")
     loose.inputs[1] = MetadataTensor.model_validate(
         {"name": "h0", "datatype": "FP32", "shape": [-1, -1, 16], "parameters": {"optional": True}}
     )
-    plain = _sequence_settings(torch_repository, name="plain", implementation="runtime.torch.TorchModel")
+    plain = _sequence_settings(torch_repository, name="plain", sequence_batching=False)
     await inprocess.load(loose, plain)
     async with inprocess.client() as client:
-        for name, message in (("loose", "fixed dimensions after it"), ("plain", "is read by runtime.torch.TorchSequenceModel")):
+        for name, message in (("loose", "fixed dimensions after it"), ("plain", "this model's settings set neither")):
             ready = await client.get(f"/v2/models/{name}/ready")
             assert ready.status_code == 503 and message in ready.text, ready.text
 
@@ -324,23 +324,21 @@ def test_real_server_sequence_over_grpc(batching_server: RunningServer, torch_re
     _check_rows("lstm", got, _whole(own_module(torch_repository, LSTM), x))
 
 
-class _Counting(TorchSequenceModel):
-    """Records how many steps each forward call of a batch served."""
-
-    groups: list[int]
-
-    async def _run_group(self, members: list[tuple[int, dict[str, np.ndarray]]]) -> Any:
-        self.groups = [*getattr(self, "groups", []), len(members)]
-        return await super()._run_group(members)
-
-
 @pytest.mark.anyio
 async def test_steps_that_agree_after_the_batch_dimension_share_one_forward_call(
     inprocess: InProcess, torch_repository: Path
 ) -> None:
-    await inprocess.load(_sequence_settings(torch_repository, implementation=_Counting))
+    await inprocess.load(_sequence_settings(torch_repository))
     model = inprocess.registry.get("seq").model
-    assert isinstance(model, _Counting)
+    assert isinstance(model, TorchModel)
+    calls: list[int] = []  # rows of each forward call
+    infer = model.runner.infer
+
+    async def counting(arrays: dict[str, np.ndarray]) -> Any:
+        calls.append(arrays["x"].shape[0])
+        return await infer(arrays)
+
+    model.runner.infer = counting  # type: ignore[method-assign]
     rng = np.random.default_rng(9)
     xs = [rng.standard_normal(shape, dtype=np.float32) for shape in ((1, 3, 8), (2, 3, 8), (1, 4, 8))]
 
@@ -349,7 +347,7 @@ async def test_steps_that_agree_after_the_batch_dimension_share_one_forward_call
 
     steps = [SequenceStep(request(x), f"k{i}", True, False, None) for i, x in enumerate(xs)]
     results = await model.predict_sequences(steps)
-    assert model.groups == [2, 1]
+    assert sorted(calls) == [1, 3]  # (1, 3, 8) and (2, 3, 8) in one call, (1, 4, 8) alone
     module = own_module(torch_repository, LSTM)
     for x, step, result in zip(xs, steps, results, strict=True):
         assert isinstance(result, InferenceResponse)

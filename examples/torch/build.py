@@ -10,6 +10,12 @@ whose class lives beside it in the model folder. The same seed gives the same we
 three, so they answer a request identically. The artefacts are a few kilobytes each.
 ``lstm-sequence`` serves the LSTM's TorchScript file again with sequence batching: the server
 keeps each sequence's hidden state (``h``, ``c``) and feeds it back as ``h0``, ``c0``.
+
+A third model, a token decoder, is trained here (a couple of seconds, fixed seed) to count: after
+the tokens ``3 4`` it generates ``5 6 ... 15`` and then ``0``, its end token. ``decoder-stream``
+serves it with continuous batching (a TorchScript file): every stream is fed its own next token,
+step after step, beside the others. ``decoder-chat`` serves its state_dict with continuous and
+sequence batching: a sequence's next request goes on from the state its previous one left.
 """
 
 from __future__ import annotations
@@ -52,6 +58,25 @@ def lstm() -> nn.Module:
     return _class("lstm-state-dict", "lstm", "LSTMModel")().eval()
 
 
+def decoder() -> nn.Module:
+    """The token decoder, trained to count up to 15 and then say 0 (its end token)."""
+    torch.manual_seed(SEED)
+    net = _class("decoder-chat", "decoder", "Decoder")()
+    optimiser = torch.optim.Adam(net.parameters(), lr=0.03)
+    vocabulary, hidden = net.head.out_features, net.lstm.hidden_size
+    for _ in range(120):
+        start = torch.randint(1, vocabulary, (64, 1))
+        counts = start + torch.arange(12)
+        counts = torch.where((counts >= vocabulary).cumsum(1) > 0, 0, counts)  # 0 ends, then stays
+        zeros = torch.zeros(64, 1, hidden)
+        logits, _, _ = net.read(counts[:, :-1], zeros, zeros)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocabulary), counts[:, 1:].reshape(-1))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return net.eval()
+
+
 def mlp_inputs(batch: int = 2) -> tuple[torch.Tensor, ...]:
     return (torch.randn(batch, 4),)
 
@@ -71,6 +96,8 @@ def build(root: Path = MODELS) -> dict[str, Path]:
         "lstm-export": root / "lstm-export" / "lstm.pt2",
         "lstm-state-dict": root / "lstm-state-dict" / "lstm.pth",
         "lstm-sequence": root / "lstm-sequence" / "lstm.pt",
+        "decoder-stream": root / "decoder-stream" / "decoder.pt",
+        "decoder-chat": root / "decoder-chat" / "decoder.pth",
     }
     with warnings.catch_warnings():
         # torch warns that TorchScript is deprecated (torch.export is its successor) and that
@@ -89,6 +116,10 @@ def build(root: Path = MODELS) -> dict[str, Path]:
         program = torch.export.export(lstm(), lstm_inputs(), dynamic_shapes=dynamic)
         torch.export.save(program, str(written["lstm-export"]))
         torch.save(lstm().state_dict(), written["lstm-state-dict"])
+
+        counter = decoder()
+        torch.jit.save(torch.jit.script(counter), str(written["decoder-stream"]))
+        torch.save(counter.state_dict(), written["decoder-chat"])
     return written
 
 

@@ -23,7 +23,7 @@ def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
     ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in MLServer); else direct."""
     if settings.continuous_batching:
         return ContinuousScheduler(model, settings)
-    if isinstance(model, ContinuousModel) and type(model).predict_stream is MLModel.predict_stream:
+    if isinstance(model, ContinuousModel) and not _answers_alone(model):
         logger.warning(
             "Model %r is a ContinuousModel but its settings do not set continuous_batching: true; "
             "its step is not used",
@@ -33,13 +33,21 @@ def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
         # requests outside any sequence go to the model's predict, scheduled as for any model
         stateless = _stateless(model, settings) if serves_stateless(model) else None
         return SequenceScheduler(model, settings, stateless=stateless)
-    if isinstance(model, SequenceModel):
+    if isinstance(model, SequenceModel) and not serves_stateless(model):
         logger.warning(
             "Model %r is a SequenceModel but its settings do not set sequence_batching: true; "
             "it gets no sequence state",
             settings.name,
         )
     return _stateless(model, settings)
+
+
+def _answers_alone(model: MLModel) -> bool:
+    """Whether a model answers requests without stepping (it implements predict or predict_stream)."""
+    cls = type(model)
+    return cls.predict_stream is not MLModel.predict_stream or cls.predict not in (
+        MLModel.predict, SequenceModel.predict,
+    )
 
 
 def _stateless(model: MLModel, settings: ModelSettings) -> Scheduler:

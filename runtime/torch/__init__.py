@@ -1,5 +1,6 @@
 """The PyTorch runtime: serve a saved model (TorchScript, torch.export .pt2, or a state_dict and
-its nn.Module class) from model-settings.json alone, with ``"implementation": "runtime.torch.TorchModel"``.
+its nn.Module class) from model-settings.json alone, with ``"implementation": "runtime.torch.TorchModel"``,
+under direct, adaptive, sequence or continuous batching as the settings say.
 
 This is the only package of the server that imports torch, and it does so only when a model that
 uses it is loaded: ``import runtime`` and models that do not use it never import torch.
@@ -14,15 +15,13 @@ from .settings import TorchSettings
 if TYPE_CHECKING:
     from .model import TorchModel
     from .runner import TensorSpec, TorchRunner
-    from .sequence import TorchSequenceModel
 
-__all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSequenceModel", "TorchSettings"]
+__all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSettings"]
 
 _LAZY = {
     "TorchModel": ".model",
     "TorchRunner": ".runner",
     "TensorSpec": ".runner",
-    "TorchSequenceModel": ".sequence",
 }
 
 

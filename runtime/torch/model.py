@@ -1,39 +1,51 @@
-"""``TorchModel``: serve a saved PyTorch model from model-settings.json alone.
+"""``TorchModel``: serve a saved PyTorch model from model-settings.json alone, under any strategy.
 
 This module maps the protocol onto the runner: request inputs become named arrays by the
 names and datatypes the model's settings declare, the runner's named outputs become response
 outputs. Loading reads the settings (:mod:`.settings`), loads the artefact off the event loop
 (:mod:`.loading`) and checks the declared inputs against what the model takes.
+
+The same class serves every strategy its settings ask for, with the same runner: direct and
+adaptive batching through ``predict``; sequence batching through ``predict_sequences``
+(:mod:`.sequence`); continuous batching through ``start_stream`` / ``step`` / ``end_stream`` /
+``combine`` (:mod:`.steps`). What carries over between calls is read by :mod:`.recurrent`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import InvalidInput, ModelNotReady
-from ..model import MLModel
+from ..sequences.model import SequenceModel, SequenceStep
 from ..tensors import input_array
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 from .convert import FLOATING, torch_dtype
 from .loading import Loaded, ProgramInput, load
+from .recurrent import Outputs, Recurrence, read_recurrence
 from .runner import TensorSpec, TorchRunner
+from .sequence import predict_sequences
 from .settings import TorchConfig, read_config
+from .steps import Steps
 
 
-class TorchModel(MLModel):
+class TorchModel(ContinuousModel, SequenceModel):
     """A TorchScript file, a torch.export program or a state_dict, served as declared in its settings.
 
     The inputs declared in model-settings.json are the forward's arguments: matched by name when
     they are the forward's own argument names, else taken in the declared order. Outputs are named
     after the declared outputs (a dict's keys, or a tuple's order), else ``output__0``, ... .
+    With ``sequence_batching`` or ``continuous_batching`` in the settings, ``parameters.extra``
+    says which inputs carry state or feedback from one call to the next (see docs/torch.md).
     """
 
     _runner: TorchRunner | None = None
-    _keeps_state = False
-    """Whether this class reads ``sequence_state`` (``TorchSequenceModel``)."""
+    _recurrence: Recurrence | None = None
+    _steps: Steps | None = None
     _declared: dict[str, MetadataTensor]
     _program: dict[str, ProgramInput]
 
@@ -51,11 +63,7 @@ class TorchModel(MLModel):
 
     async def load(self) -> bool:
         config = read_config(self.settings)
-        if config.options.sequence_state and not self._keeps_state:
-            raise ValueError(
-                "parameters.extra.sequence_state is read by runtime.torch.TorchSequenceModel "
-                '(with "sequence_batching": true); this model\'s implementation is TorchModel'
-            )
+        recurrence = read_recurrence(self.settings, config.options)
         declared = _declared_inputs(self.settings.inputs)
         for tensor in self.settings.outputs:
             if tensor.datatype is Datatype.BYTES:
@@ -75,6 +83,9 @@ class TorchModel(MLModel):
             threads=options.num_threads,
         )
         self._declared = {tensor.name: tensor for tensor in declared}
+        self._recurrence = recurrence
+        if recurrence is not None and self.settings.continuous_batching:
+            self._steps = Steps(self, recurrence)
         if not self.settings.platform:
             self.settings.platform = loaded.platform
         return True
@@ -88,8 +99,15 @@ class TorchModel(MLModel):
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        runner = self.runner
-        outputs = await runner.infer(self._arrays(payload))
+        recurrence = self._recurrence
+        if recurrence is None:
+            arrays = self.request_arrays(payload)
+        else:  # outside any sequence: the state starts from zeros, as a sequence's first request
+            arrays = recurrence.with_state(self.request_arrays(payload, frozenset(recurrence.state)), None)
+        return self.response(await self.runner.infer(arrays))
+
+    def response(self, outputs: Outputs) -> InferenceResponse:
+        """A response holding the runner's outputs."""
         return InferenceResponse(
             model_name=self.name,
             model_version=self.version,
@@ -99,7 +117,45 @@ class TorchModel(MLModel):
             ],
         )
 
-    def _arrays(self, payload: InferenceRequest, may_omit: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    # ------------------------------------------------------------------ sequence batching
+
+    async def predict_sequences(self, steps: list[SequenceStep]) -> Sequence[InferenceResponse | BaseException]:
+        if self._recurrence is None:
+            raise ModelNotReady(f"Model {self.name!r} is not loaded for sequence batching")
+        return await predict_sequences(self, self._recurrence, steps)
+
+    # ------------------------------------------------------------------ continuous batching
+
+    @property
+    def stepping(self) -> Steps:
+        if self._steps is None:
+            raise ModelNotReady(f"Model {self.name!r} is not loaded for continuous batching")
+        return self._steps
+
+    async def start_stream(self, stream: Stream) -> None:
+        self.stepping.start(stream)
+
+    async def step(self, streams: list[Stream]) -> Sequence[StepResult]:  # type: ignore[override]
+        return await self.stepping.step(streams)
+
+    async def end_stream(self, stream: Stream, reason: StreamEnd) -> None:
+        if self._steps is not None:
+            self._steps.end(stream)
+
+    def combine(self, stream: Stream, chunks: list[InferenceResponse]) -> InferenceResponse:
+        return self.stepping.combine(chunks)
+
+    # ------------------------------------------------------------------ requests
+
+    def shape_problem(self, name: str, shape: tuple[int, ...]) -> str | None:
+        """Why the exported program would refuse this shape for input ``name`` (None: it takes it)."""
+        program = self._program.get(name)
+        if program is None:
+            return None
+        why = program.mismatch(shape)
+        return None if why is None else f"the exported program takes {program}: {why}"
+
+    def request_arrays(self, payload: InferenceRequest, may_omit: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
         """The request's inputs as arrays by name, checked against the declared inputs; only the
         inputs in ``may_omit`` may be missing."""
         arrays: dict[str, np.ndarray] = {}

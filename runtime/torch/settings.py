@@ -25,6 +25,18 @@ FloatDtype = Literal["float32", "float16", "bfloat16", "float64"]
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
+class StopRule(BaseModel):
+    """When a stream served with continuous batching ends before ``max_steps``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    output: str
+    """The declared output to watch, e.g. the generated token."""
+
+    values: list[int | float] = Field(min_length=1)
+    """The stream ends after a step in which every element of ``output`` is one of these."""
+
+
 class TorchSettings(BaseModel):
     """The PyTorch runtime's settings: ``parameters.extra`` in model-settings.json."""
 
@@ -61,11 +73,27 @@ class TorchSettings(BaseModel):
     """For a state_dict: require its keys to match the module's exactly (``load_state_dict(strict=)``)."""
 
     sequence_state: dict[str, str] = {}
-    """For ``runtime.torch.TorchSequenceModel`` (with ``"sequence_batching": true``): each state
-    input of the forward mapped to the output that carries its next value, e.g.
-    ``{"h0": "h", "c0": "c"}``. Each state input is a declared input marked
-    ``"parameters": {"optional": true}`` with fixed dimensions after the first (the batch); it is
-    zeros on a sequence's first request and the previous request's mapped output after that."""
+    """A recurrent model's state: each state input of the forward mapped to the output that
+    carries its next value, e.g. ``{"h0": "h", "c0": "c"}``. Each state input is a declared input
+    marked ``"parameters": {"optional": true}`` with fixed dimensions after the first (the batch).
+    It is zeros at first, then the mapped output of the previous call: the previous request of
+    the sequence with ``"sequence_batching": true``, the previous step of the stream with
+    ``"continuous_batching": true`` (and, with both, the sequence's last step)."""
+
+    feedback: dict[str, str] = {}
+    """With ``"continuous_batching": true``: inputs fed from the previous step's outputs, each
+    input mapped to the output whose value it takes at the next step, e.g. ``{"tokens":
+    "next_token"}`` for autoregressive generation. Inputs not named here (nor in
+    ``sequence_state``) keep the request's value at every step."""
+
+    max_steps: int | None = Field(default=None, ge=1)
+    """With ``"continuous_batching": true`` (and then required): the most steps one stream takes,
+    one forward call and one streamed chunk each. A request may ask for fewer with the parameter
+    ``max_tokens``."""
+
+    stop: StopRule | None = None
+    """With ``"continuous_batching": true``: end a stream after the step whose output ``output``
+    holds only values from ``values`` (e.g. an end-of-sequence token); that step's chunk is sent."""
 
     @field_validator("device")
     @classmethod

@@ -1,0 +1,230 @@
+"""What carries over between calls of a recurrent model, and forward calls over several callers.
+
+A model's ``sequence_state`` maps each state input of its forward to the output that carries its
+next value; under continuous batching ``feedback`` maps inputs to the outputs they take at the
+next step, ``max_steps`` bounds a stream and ``stop`` may end it earlier. :func:`read_recurrence`
+checks all of that against the declared inputs and outputs when the model loads, for the
+strategies its settings turn on.
+
+:func:`run_together` serves several callers (the steps of several sequences, or of several
+streams) with as few forward calls as their shapes allow: callers whose inputs agree after the
+first dimension are concatenated along it into one call, the others run as separate calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInput, ModelFailed
+from ..settings import ModelSettings
+from ..tensors import dtype_of
+from .runner import TorchRunner
+from .settings import StopRule, TorchSettings
+
+Arrays = dict[str, np.ndarray]
+Outputs = dict[str, tuple[np.ndarray, str]]
+"""Output name -> (host array, protocol datatype), as the runner returns them."""
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """A model's checked ``sequence_state``, ``feedback``, ``max_steps`` and ``stop``."""
+
+    state: dict[str, str]
+    """State input -> the output that carries its next value."""
+    zeros: dict[str, tuple[list[int], np.dtype[Any]]]
+    """State input -> its dimensions after the first, and its dtype (for a first call)."""
+    feedback: dict[str, str]
+    """Input -> the output it takes at the next step (continuous batching)."""
+    max_steps: int
+    """The most steps of one stream (continuous batching; 0 otherwise)."""
+    stop: StopRule | None
+
+    def with_state(self, arrays: Arrays, state: Arrays | None) -> Arrays:
+        """``arrays`` plus each state input they lack: from ``state``, else zeros."""
+        count = rows(arrays)
+        for name, (dims, dtype) in self.zeros.items():
+            if name in arrays:
+                continue  # the client's own value wins (e.g. to seed a sequence)
+            kept = state.get(name) if state else None
+            if kept is None:
+                arrays[name] = np.zeros([count, *dims], dtype=dtype)
+            elif kept.shape[0] != count:
+                raise InvalidInput(
+                    f"The state {name!r} has {kept.shape[0]} row(s) but this request has {count}; "
+                    "a sequence keeps the number of rows of its first request"
+                )
+            else:
+                arrays[name] = kept
+        return arrays
+
+    def next_state(self, outputs: Outputs) -> Arrays:
+        """The state the next call starts from, out of this call's outputs."""
+        return {name: outputs[output][0] for name, output in self.state.items()}
+
+    def stops(self, outputs: Outputs) -> bool:
+        """Whether the stop rule ends a stream after a step with these outputs."""
+        if self.stop is None:
+            return False
+        return bool(np.isin(outputs[self.stop.output][0], self.stop.values).all())
+
+
+def read_recurrence(settings: ModelSettings, options: TorchSettings) -> Recurrence | None:
+    """The model's recurrence, checked against its declarations and strategies; ValueError
+    saying what is wrong. None for a model without state or steps."""
+    continuous = settings.continuous_batching
+    state = _state(settings, options.sequence_state)
+    if state is None and settings.sequence_batching and not continuous:
+        raise ValueError(
+            'with "sequence_batching": true the PyTorch runtime needs parameters.extra.sequence_state: '
+            'each state input mapped to the output that carries its next value, e.g. {"h0": "h", "c0": "c"}'
+        )
+    if state is not None and not (settings.sequence_batching or continuous):
+        raise ValueError(
+            "parameters.extra.sequence_state is used with \"sequence_batching\": true or "
+            '"continuous_batching": true, and this model\'s settings set neither'
+        )
+    if not continuous:
+        for key in ("feedback", "max_steps", "stop"):
+            if getattr(options, key):
+                raise ValueError(f'parameters.extra.{key} is used with "continuous_batching": true only')
+        if state is None:
+            return None
+    elif options.max_steps is None:
+        raise ValueError(
+            'with "continuous_batching": true the PyTorch runtime needs parameters.extra.max_steps: '
+            "the most steps (forward calls, streamed chunks) of one stream"
+        )
+    inputs = {tensor.name: tensor for tensor in settings.inputs}
+    outputs = {tensor.name: tensor for tensor in settings.outputs}
+    state = state or {}
+    for name, output in options.feedback.items():
+        tensor = inputs.get(name)
+        if tensor is None:
+            raise ValueError(f"feedback names input {name!r}, which is not a declared input")
+        if name in state:
+            raise ValueError(f"input {name!r} is in both feedback and sequence_state")
+        out = _output(outputs, output, "feedback", name)
+        if out.datatype != tensor.datatype:
+            raise ValueError(
+                f"feedback maps {name!r} ({tensor.datatype.value}) to {output!r} ({out.datatype.value}); "
+                "they must have the same datatype"
+            )
+    if options.stop is not None and options.stop.output not in outputs:
+        raise ValueError(
+            f"stop watches output {options.stop.output!r}, which is not a declared output "
+            f"(declared: {sorted(outputs)})"
+        )
+    zeros = {}
+    for name in state:
+        tensor = inputs[name]
+        zeros[name] = (list(tensor.shape[1:]), dtype_of(tensor.datatype))
+    return Recurrence(
+        state=state,
+        zeros=zeros,
+        feedback=dict(options.feedback),
+        max_steps=options.max_steps or 0,
+        stop=options.stop,
+    )
+
+
+def _state(settings: ModelSettings, mapping: dict[str, str]) -> dict[str, str] | None:
+    if not mapping:
+        return None
+    inputs = {tensor.name: tensor for tensor in settings.inputs}
+    outputs = {tensor.name: tensor for tensor in settings.outputs}
+    for name, output in mapping.items():
+        tensor = inputs.get(name)
+        if tensor is None:
+            raise ValueError(f"sequence_state names input {name!r}, which is not a declared input")
+        if not tensor.optional:
+            raise ValueError(
+                f'state input {name!r} must be declared with "parameters": {{"optional": true}}, '
+                "so that clients may omit it"
+            )
+        if len(tensor.shape) < 2 or any(size < 0 for size in tensor.shape[1:]):
+            raise ValueError(
+                f"state input {name!r} is declared with shape {tensor.shape}; a state needs a batch "
+                "dimension and fixed dimensions after it, e.g. [-1, 1, 16]"
+            )
+        out = _output(outputs, output, "sequence_state", name)
+        if out.datatype != tensor.datatype:
+            raise ValueError(
+                f"sequence_state maps {name!r} ({tensor.datatype.value}) to {output!r} "
+                f"({out.datatype.value}); they must have the same datatype"
+            )
+    if len(mapping) == len(inputs):
+        raise ValueError("every declared input is a state input; at least one must come from the client")
+    return dict(mapping)
+
+
+def _output(outputs: dict[str, Any], output: str, key: str, name: str) -> Any:
+    out = outputs.get(output)
+    if out is None:
+        raise ValueError(
+            f"{key} maps {name!r} to {output!r}, which is not a declared output (declared: {sorted(outputs)})"
+        )
+    return out
+
+
+async def run_together(runner: TorchRunner, items: list[Arrays]) -> list[tuple[Outputs, slice] | Exception]:
+    """Serve each caller's arrays, concatenating callers whose inputs agree after the first
+    dimension into one forward call; per caller, the call's outputs and its rows in them (or the
+    exception that failed its call). Cancellation propagates."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, arrays in enumerate(items):
+        key = tuple(sorted((name, array.dtype.str, array.shape[1:]) for name, array in arrays.items()))
+        groups.setdefault(key, []).append(index)
+    members = list(groups.values())
+    done = await asyncio.gather(
+        *(_call(runner, [items[i] for i in group]) for group in members), return_exceptions=True
+    )
+    results: list[tuple[Outputs, slice] | Exception] = [ModelFailed("not served")] * len(items)
+    for group, outcome in zip(members, done, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancellation: not a model failure
+            for index in group:
+                results[index] = outcome
+            continue
+        start = 0
+        for index in group:
+            count = rows(items[index])
+            results[index] = (outcome, slice(start, start + count))
+            start += count
+    return results
+
+
+async def _call(runner: TorchRunner, group: list[Arrays]) -> Outputs:
+    """One forward call over a group, concatenated along the first dimension."""
+    if len(group) == 1:
+        arrays = group[0]
+    else:
+        arrays = {name: np.concatenate([a[name] for a in group], axis=0) for name in group[0]}
+    outputs = await runner.infer(arrays)
+    total = sum(rows(a) for a in group)
+    for name, (array, _) in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise ModelFailed(
+                f"Model {runner.name!r} returned output {name!r} of shape {list(array.shape)} for "
+                f"{total} rows; a model that keeps state or steps streams must return one row per input row"
+            )
+    return outputs
+
+
+def rows(arrays: Arrays) -> int:
+    """The rows (first dimension) the inputs agree on."""
+    sizes = {array.shape[0] if array.ndim else -1 for array in arrays.values()}
+    if len(sizes) != 1 or -1 in sizes:
+        shapes = {name: list(array.shape) for name, array in arrays.items()}
+        raise InvalidInput(f"The inputs must share their first (batch) dimension; got {shapes}")
+    return sizes.pop()
+
+
+def part(outputs: Outputs, rows_: slice) -> Outputs:
+    """One caller's rows of a call's outputs (views, no copy)."""
+    return {name: (array[rows_], datatype) for name, (array, datatype) in outputs.items()}
