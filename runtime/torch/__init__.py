@@ -22,6 +22,7 @@ _LAZY = {
     "TorchModel": ".model",
     "TorchRunner": ".runner",
     "TensorSpec": ".runner",
+    "TorchSequenceModel": ".model",  # the earlier name of TorchModel, for settings that name it
 }
 
 

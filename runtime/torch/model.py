@@ -255,3 +255,7 @@ def _program_inputs(
                 )
         found[tensor.name] = program
     return found
+
+
+TorchSequenceModel = TorchModel
+"""The earlier name of ``TorchModel`` for sequence batching, kept so that settings naming it still load."""

@@ -160,13 +160,7 @@ class Steps:
                 continue
             data = np.stack([_array_of(chunk, out.name) for chunk in chunks], axis=1)
             outputs.append(ResponseOutput(name=out.name, shape=list(data.shape), datatype=out.datatype, data=data))
-        return InferenceResponse(
-            model_name=last.model_name,
-            model_version=last.model_version,
-            id=last.id,
-            parameters=last.parameters,
-            outputs=outputs,
-        )
+        return last.model_copy(update={"outputs": outputs})  # the last chunk's id and parameters
 
 
 def _array_of(chunk: InferenceResponse, name: str) -> np.ndarray:
