@@ -77,70 +77,51 @@ def read_recurrence(settings: ModelSettings, options: TorchSettings) -> Recurren
     """The model's recurrence, checked against its declarations and strategies; ValueError
     saying what is wrong. None for a model without state or steps."""
     continuous = settings.continuous_batching
-    state = _state(settings, options.sequence_state)
-    if state is None and settings.sequence_batching and not continuous:
+    inputs = {tensor.name: tensor for tensor in settings.inputs}
+    outputs = {tensor.name: tensor for tensor in settings.outputs}
+    state = options.sequence_state
+    if not state and settings.sequence_batching and not continuous:
         raise ValueError(
             'with "sequence_batching": true the PyTorch runtime needs parameters.extra.sequence_state: '
             'each state input mapped to the output that carries its next value, e.g. {"h0": "h", "c0": "c"}'
         )
-    if state is not None and not (settings.sequence_batching or continuous):
+    if state and not (settings.sequence_batching or continuous):
         raise ValueError(
             "parameters.extra.sequence_state is used with \"sequence_batching\": true or "
             '"continuous_batching": true, and this model\'s settings set neither'
         )
+    _check_state(state, inputs, outputs)
     if not continuous:
         for key in ("feedback", "max_steps", "stop"):
             if getattr(options, key):
                 raise ValueError(f'parameters.extra.{key} is used with "continuous_batching": true only')
-        if state is None:
+        if not state:
             return None
     elif options.max_steps is None:
         raise ValueError(
             'with "continuous_batching": true the PyTorch runtime needs parameters.extra.max_steps: '
             "the most steps (forward calls, streamed chunks) of one stream"
         )
-    inputs = {tensor.name: tensor for tensor in settings.inputs}
-    outputs = {tensor.name: tensor for tensor in settings.outputs}
-    state = state or {}
-    for name, output in options.feedback.items():
-        tensor = inputs.get(name)
-        if tensor is None:
-            raise ValueError(f"feedback names input {name!r}, which is not a declared input")
+    for name in _check_mapping("feedback", options.feedback, inputs, outputs):
         if name in state:
             raise ValueError(f"input {name!r} is in both feedback and sequence_state")
-        out = _output(outputs, output, "feedback", name)
-        if out.datatype != tensor.datatype:
-            raise ValueError(
-                f"feedback maps {name!r} ({tensor.datatype.value}) to {output!r} ({out.datatype.value}); "
-                "they must have the same datatype"
-            )
     if options.stop is not None and options.stop.output not in outputs:
         raise ValueError(
             f"stop watches output {options.stop.output!r}, which is not a declared output "
             f"(declared: {sorted(outputs)})"
         )
-    zeros = {}
-    for name in state:
-        tensor = inputs[name]
-        zeros[name] = (list(tensor.shape[1:]), dtype_of(tensor.datatype))
     return Recurrence(
-        state=state,
-        zeros=zeros,
+        state=dict(state),
+        zeros={name: (list(inputs[name].shape[1:]), dtype_of(inputs[name].datatype)) for name in state},
         feedback=dict(options.feedback),
         max_steps=options.max_steps or 0,
         stop=options.stop,
     )
 
 
-def _state(settings: ModelSettings, mapping: dict[str, str]) -> dict[str, str] | None:
-    if not mapping:
-        return None
-    inputs = {tensor.name: tensor for tensor in settings.inputs}
-    outputs = {tensor.name: tensor for tensor in settings.outputs}
-    for name, output in mapping.items():
-        tensor = inputs.get(name)
-        if tensor is None:
-            raise ValueError(f"sequence_state names input {name!r}, which is not a declared input")
+def _check_state(mapping: dict[str, str], inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    for name in _check_mapping("sequence_state", mapping, inputs, outputs):
+        tensor = inputs[name]
         if not tensor.optional:
             raise ValueError(
                 f'state input {name!r} must be declared with "parameters": {{"optional": true}}, '
@@ -151,24 +132,28 @@ def _state(settings: ModelSettings, mapping: dict[str, str]) -> dict[str, str] |
                 f"state input {name!r} is declared with shape {tensor.shape}; a state needs a batch "
                 "dimension and fixed dimensions after it, e.g. [-1, 1, 16]"
             )
-        out = _output(outputs, output, "sequence_state", name)
+    if mapping and len(mapping) == len(inputs):
+        raise ValueError("every declared input is a state input; at least one must come from the client")
+
+
+def _check_mapping(key: str, mapping: dict[str, str], inputs: dict[str, Any], outputs: dict[str, Any]) -> list[str]:
+    """The inputs of ``mapping`` (input -> output), each checked to be declared, to map to a
+    declared output, and to share its datatype."""
+    for name, output in mapping.items():
+        tensor = inputs.get(name)
+        if tensor is None:
+            raise ValueError(f"{key} names input {name!r}, which is not a declared input")
+        out = outputs.get(output)
+        if out is None:
+            raise ValueError(
+                f"{key} maps {name!r} to {output!r}, which is not a declared output (declared: {sorted(outputs)})"
+            )
         if out.datatype != tensor.datatype:
             raise ValueError(
-                f"sequence_state maps {name!r} ({tensor.datatype.value}) to {output!r} "
-                f"({out.datatype.value}); they must have the same datatype"
+                f"{key} maps {name!r} ({tensor.datatype.value}) to {output!r} ({out.datatype.value}); "
+                "they must have the same datatype"
             )
-    if len(mapping) == len(inputs):
-        raise ValueError("every declared input is a state input; at least one must come from the client")
-    return dict(mapping)
-
-
-def _output(outputs: dict[str, Any], output: str, key: str, name: str) -> Any:
-    out = outputs.get(output)
-    if out is None:
-        raise ValueError(
-            f"{key} maps {name!r} to {output!r}, which is not a declared output (declared: {sorted(outputs)})"
-        )
-    return out
+    return list(mapping)
 
 
 async def run_together(runner: TorchRunner, items: list[Arrays]) -> list[tuple[Outputs, slice] | Exception]:

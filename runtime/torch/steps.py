@@ -26,12 +26,13 @@ nothing, until the earlier one has finished.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..continuous import StepResult, Stream, stack_chunks
 from ..errors import InvalidInput, ModelFailed
+from ..tensors import output_array
 from ..types import InferenceRequest, InferenceResponse, ResponseOutput
 from .recurrent import Arrays, Outputs, Recurrence, part, rows, run_together
 
@@ -112,11 +113,12 @@ class Steps:
             except InvalidInput as exc:
                 results[index] = StepResult(error=exc)
         outcomes = await run_together(self.model.runner, [arrays for _, arrays in served])
-        for _, outcome in zip(served, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                raise outcome
+        done = []
         for (index, _), outcome in zip(served, outcomes, strict=True):
-            assert not isinstance(outcome, Exception)
+            if isinstance(outcome, Exception):
+                raise outcome  # before any stream advanced
+            done.append((index, outcome))
+        for index, outcome in done:
             results[index] = self._advance(streams[index], part(*outcome))
         return results
 
@@ -166,8 +168,7 @@ class Steps:
 def _array_of(chunk: InferenceResponse, name: str) -> np.ndarray:
     for out in chunk.outputs:
         if out.name == name:
-            data: Any = out.data
-            return data if isinstance(data, np.ndarray) else np.asarray(data).reshape(out.shape)
+            return output_array(out).reshape(out.shape)
     raise ModelFailed(f"a chunk lacks output {name!r}")
 
 
