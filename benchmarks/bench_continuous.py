@@ -47,7 +47,13 @@ from tests.servers import RunningServer, start_server  # noqa: E402
 
 TEXTGEN = ROOT / "examples" / "streaming" / "textgen"
 MODES = ("continuous", "alone")
-PROMPTS = [b"The keeper", b"In the morning", b"She kept a small book", b"The wind came in", b"Far away a bell"]
+PROMPTS = [
+    b"The keeper",
+    b"In the morning",
+    b"She kept a small book",
+    b"The wind came in",
+    b"Far away a bell",
+]
 BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 TARGET = 5.0
 
@@ -148,7 +154,9 @@ async def client(
         await one_stream(host, port, request, tally, start, end)
 
 
-async def measure(server: RunningServer, model: str, streams: int, args: argparse.Namespace, tally: Tally) -> None:
+async def measure(
+    server: RunningServer, model: str, streams: int, args: argparse.Namespace, tally: Tally
+) -> None:
     """``streams`` concurrent closed-loop streams on ``model``; tokens counted after the warm-up."""
     host, port = server.http_address.rsplit(":", 1)
     begin = time.perf_counter()
@@ -185,8 +193,10 @@ async def main_async(args: argparse.Namespace, server: RunningServer) -> bool:
             for mode in MODES if round % 2 == 0 else MODES[::-1]:
                 await measure(server, f"textgen-{mode}", streams, args, tallies[(streams, mode)])
     print()
-    print(f"{'streams':>7}  {'continuous tok/s':>16}  {'alone tok/s':>11}  {'ratio':>6}  "
-          f"{'mean batch':>10}  {'server CPU/token (cont./alone)':>30}")
+    print(
+        f"{'streams':>7}  {'continuous tok/s':>16}  {'alone tok/s':>11}  {'ratio':>6}  "
+        f"{'mean batch':>10}  {'server CPU/token (cont./alone)':>30}"
+    )
     met = True
     for streams in args.streams:
         cont, alone = tallies[(streams, "continuous")], tallies[(streams, "alone")]
@@ -196,11 +206,15 @@ async def main_async(args: argparse.Namespace, server: RunningServer) -> bool:
             f"{cont.server_cpu / max(1, cont.tokens) * 1e6:.0f} us / "
             f"{alone.server_cpu / max(1, alone.tokens) * 1e6:.0f} us"
         )
-        print(f"{streams:>7}  {cont.rate:>16.0f}  {alone.rate:>11.0f}  {ratio:>5.2f}x  {batch:>10.1f}  {cpu:>30}")
+        print(
+            f"{streams:>7}  {cont.rate:>16.0f}  {alone.rate:>11.0f}  {ratio:>5.2f}x  {batch:>10.1f}  {cpu:>30}"
+        )
         if streams == 64:
             met = ratio >= TARGET
-            print(f"\n64 streams: continuous batching {ratio:.2f}x the streams alone (target >= {TARGET:g}x: "
-                  f"{'met' if met else 'NOT met'})")
+            print(
+                f"\n64 streams: continuous batching {ratio:.2f}x the streams alone (target >= {TARGET:g}x: "
+                f"{'met' if met else 'NOT met'})"
+            )
     return met
 
 
@@ -208,11 +222,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two models")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per model, level and round")
+    parser.add_argument(
+        "--duration", type=float, default=3.0, help="seconds measured per model, level and round"
+    )
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measurement")
-    parser.add_argument("--hidden", type=int, default=1024, help="width of the model's hidden layers (>= 512)")
+    parser.add_argument(
+        "--hidden", type=int, default=1024, help="width of the model's hidden layers (>= 512)"
+    )
     parser.add_argument("--layers", type=int, default=4, help="hidden layers")
-    parser.add_argument("--train-steps", type=int, default=20, help="training steps at load (same seed for both)")
+    parser.add_argument(
+        "--train-steps", type=int, default=20, help="training steps at load (same seed for both)"
+    )
     parser.add_argument("--tokens", type=int, default=128, help="characters per stream")
     parser.add_argument("--max-batch-size", type=int, default=64, help="streams in the continuous batch")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads per model")

@@ -81,7 +81,10 @@ def make_request(elements: int, typed: bool) -> pb.ModelInferRequest:
 
 
 async def load(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, request: pb.ModelInferRequest, concurrency: int, seconds: float
+    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub,
+    request: pb.ModelInferRequest,
+    concurrency: int,
+    seconds: float,
 ) -> int:
     """Keep ``concurrency`` calls in flight for ``seconds``; return how many completed."""
     deadline = time.monotonic() + seconds
@@ -102,12 +105,17 @@ async def compare(
 ) -> dict[str, list[tuple[float, float]]]:
     """(requests per second, server CPU seconds per request) of each slice, by server."""
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-    channels = {name: grpc.aio.insecure_channel(address, options=OPTIONS) for name, (address, _) in targets.items()}
+    channels = {
+        name: grpc.aio.insecure_channel(address, options=OPTIONS) for name, (address, _) in targets.items()
+    }
     try:
         stubs = {name: dataplane_pb2_grpc.GRPCInferenceServiceStub(ch) for name, ch in channels.items()}
         for name, stub in stubs.items():
             response = await stub.ModelInfer(request)  # a correct answer before anything is counted
-            assert response.id == request.id and len(response.outputs) == len(request.inputs), (name, response)
+            assert response.id == request.id and len(response.outputs) == len(request.inputs), (
+                name,
+                response,
+            )
             await load(stub, request, args.concurrency, args.warmup)
         for round_ in range(args.rounds):
             order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
@@ -124,7 +132,9 @@ async def compare(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one measurement")
     parser.add_argument("--rounds", type=int, default=8, help="measurements of each server")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring")
@@ -172,7 +182,9 @@ def main() -> int:
         cpu = sum(c for _, c in runs) / len(runs)
         summary[name] = (rps, cpu)
         low, high = min(r for r, _ in runs), max(r for r, _ in runs)
-        print(f"  {name:14s} {rps:8.0f} req/s  (runs {low:.0f}..{high:.0f})  server CPU {cpu * 1e6:6.1f} us/req")
+        print(
+            f"  {name:14s} {rps:8.0f} req/s  (runs {low:.0f}..{high:.0f})  server CPU {cpu * 1e6:6.1f} us/req"
+        )
     (ours_rps, ours_cpu), (bare_rps, bare_cpu) = summary["mlserver-like"], summary["bare"]
     per_round = sorted(o[0] / b[0] for o, b in zip(results["mlserver-like"], results["bare"], strict=True))
     print(

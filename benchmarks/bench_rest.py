@@ -80,7 +80,9 @@ def measure(port: int, pid: int, body: bytes, connections: int, seconds: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=1.5, help="length of one round")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
@@ -88,7 +90,11 @@ def main() -> None:
     args = parser.parse_args()
 
     body = orjson.dumps(
-        {"inputs": [{"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": [0.5] * args.elements}]}
+        {
+            "inputs": [
+                {"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": [0.5] * args.elements}
+            ]
+        }
     )
     examples = ROOT / "examples" / "models"
 
@@ -110,8 +116,12 @@ def main() -> None:
         print(f"idle resident memory: {idle:.1f} MiB  (target 80 MiB)")
         rounds: dict[str, list] = {"mlserver-like": [], "bare starlette": []}  # type: ignore[type-arg]
         for _ in range(args.rounds):
-            rounds["mlserver-like"].append(measure(port, server.process.pid, body, args.connections, args.seconds))
-            rounds["bare starlette"].append(measure(bare_port, bare.pid, body, args.connections, args.seconds))
+            rounds["mlserver-like"].append(
+                measure(port, server.process.pid, body, args.connections, args.seconds)
+            )
+            rounds["bare starlette"].append(
+                measure(bare_port, bare.pid, body, args.connections, args.seconds)
+            )
         totals = {}
         for label, results in rounds.items():
             requests = sum(r.requests for r, _ in results)

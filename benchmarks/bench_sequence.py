@@ -45,14 +45,31 @@ def write_models(folder: Path, max_batch_time: float, threads: int) -> None:
         target = folder / name
         target.mkdir()
         shutil.copy(EXAMPLE / "model.py", target / "model.py")
-        settings = {**base, "name": name, "max_batch_size": batch, "max_batch_time": max_batch_time if batch > 1 else 0}
+        settings = {
+            **base,
+            "name": name,
+            "max_batch_size": batch,
+            "max_batch_time": max_batch_time if batch > 1 else 0,
+        }
         settings["parameters"] = {"extra": {**base["parameters"]["extra"], "torch_threads": threads}}
         (target / "model-settings.json").write_text(json.dumps(settings))
 
 
-def request(host: str, model: str, sequence: str, chunk: np.ndarray, start: bool = False, end: bool = False) -> bytes:
-    parameters = {"sequence_id": sequence, "binary_data_output": True, "sequence_start": start, "sequence_end": end}
-    tensor = {"name": "frames", "shape": list(chunk.shape), "datatype": "FP32", "parameters": {"binary_data_size": chunk.nbytes}}
+def request(
+    host: str, model: str, sequence: str, chunk: np.ndarray, start: bool = False, end: bool = False
+) -> bytes:
+    parameters = {
+        "sequence_id": sequence,
+        "binary_data_output": True,
+        "sequence_start": start,
+        "sequence_end": end,
+    }
+    tensor = {
+        "name": "frames",
+        "shape": list(chunk.shape),
+        "datatype": "FP32",
+        "parameters": {"binary_data_size": chunk.nbytes},
+    }
     header = orjson.dumps({"inputs": [tensor], "parameters": parameters})
     body = header + chunk.tobytes()
     head = (
@@ -71,7 +88,9 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, p
     await reader.readexactly(length)
 
 
-async def sequence(address: str, model: str, n: int, tag: str, frames: int, stop_at: float, counts: list[int]) -> None:
+async def sequence(
+    address: str, model: str, n: int, tag: str, frames: int, stop_at: float, counts: list[int]
+) -> None:
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     chunk = np.random.default_rng(n).standard_normal((frames, 80), dtype=np.float32)
@@ -87,7 +106,9 @@ async def sequence(address: str, model: str, n: int, tag: str, frames: int, stop
         writer.close()
 
 
-def grpc_request(model: str, sequence: str, chunk: np.ndarray, start: bool = False, end: bool = False) -> pb.ModelInferRequest:
+def grpc_request(
+    model: str, sequence: str, chunk: np.ndarray, start: bool = False, end: bool = False
+) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model)
     request.parameters["sequence_id"].string_param = sequence
     request.parameters["sequence_start"].bool_param = start
@@ -98,7 +119,13 @@ def grpc_request(model: str, sequence: str, chunk: np.ndarray, start: bool = Fal
 
 
 async def grpc_sequence(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, model: str, n: int, tag: str, frames: int, stop_at: float, counts: list[int]
+    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub,
+    model: str,
+    n: int,
+    tag: str,
+    frames: int,
+    stop_at: float,
+    counts: list[int],
 ) -> None:
     chunk = np.random.default_rng(n).standard_normal((frames, 80), dtype=np.float32)
     name = f"{tag}-{n}"
@@ -128,7 +155,9 @@ async def measure(
     began = time.perf_counter()
     stop_at = began + warm + seconds
     one = sequence if transport == "rest" else grpc_sequence
-    runs = [asyncio.create_task(one(target, model, n, tag, frames, stop_at, counts)) for n in range(sequences)]
+    runs = [
+        asyncio.create_task(one(target, model, n, tag, frames, stop_at, counts)) for n in range(sequences)
+    ]
     await asyncio.sleep(warm)
     at_start, t0 = sum(counts), time.perf_counter()
     await asyncio.sleep(seconds)
@@ -149,8 +178,13 @@ async def run(server: RunningServer, args: argparse.Namespace) -> None:
                 for r in range(slices):
                     seconds, tag = args.seconds / slices, f"{transport}{n}-{r}"
                     target = targets[transport]
-                    batched += await measure(target, transport, "lstm", n, args.frames, seconds, "b" + tag) / slices
-                    alone += await measure(target, transport, "lstm-alone", n, args.frames, seconds, "a" + tag) / slices
+                    batched += (
+                        await measure(target, transport, "lstm", n, args.frames, seconds, "b" + tag) / slices
+                    )
+                    alone += (
+                        await measure(target, transport, "lstm-alone", n, args.frames, seconds, "a" + tag)
+                        / slices
+                    )
                 print(
                     f"{transport:4s} N={n:4d}  batched {batched:8.1f} steps/s   alone {alone:8.1f} steps/s   "
                     f"ratio {batched / alone:5.2f}x",
@@ -159,11 +193,15 @@ async def run(server: RunningServer, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per configuration")
     parser.add_argument("--frames", type=int, default=10, help="frames (of 80 features) per request")
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 16, 128])
-    parser.add_argument("--max-batch-time", type=float, default=0.005, help="batch window of the batched model (s)")
+    parser.add_argument(
+        "--max-batch-time", type=float, default=0.005, help="batch window of the batched model (s)"
+    )
     parser.add_argument("--transports", nargs="+", choices=["rest", "grpc"], default=["rest", "grpc"])
     parser.add_argument("--rounds", type=int, default=2, help="alternating slices per configuration")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of the server")

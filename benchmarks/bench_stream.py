@@ -239,7 +239,9 @@ async def measure_grpc(address: str, pid: int, triton: bool, streams: int, per_s
     return GrpcRun(sum(counts), seconds, cpu)
 
 
-async def bench_grpc(address: str, pid: int, triton: bool, events: int, streams: int) -> tuple[GrpcRun, GrpcRun]:
+async def bench_grpc(
+    address: str, pid: int, triton: bool, events: int, streams: int
+) -> tuple[GrpcRun, GrpcRun]:
     single = await measure_grpc(address, pid, triton, 1, events)
     many = await measure_grpc(address, pid, triton, streams, max(1, events // streams))
     return single, many
@@ -269,7 +271,11 @@ async def serve_bare_grpc() -> None:
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelStreamInfer": handler}),)
+        (
+            grpc.method_handlers_generic_handler(
+                "inference.GRPCInferenceService", {"ModelStreamInfer": handler}
+            ),
+        )
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -285,7 +291,9 @@ def run_grpc(args: argparse.Namespace) -> None:
         server: RunningServer = start_server(MODELS, *flags)
         try:
             figures[name] = uvloop.run(
-                bench_grpc(server.grpc_address, server.process.pid, bool(flags), args.grpc_events, args.streams)
+                bench_grpc(
+                    server.grpc_address, server.process.pid, bool(flags), args.grpc_events, args.streams
+                )
             )
         finally:
             server.stop()

@@ -70,30 +70,34 @@ def settings(name: str, path: Path, args: argparse.Namespace, streams: int) -> M
     }
     if args.threads:
         extra["num_threads"] = args.threads
-    return ModelSettings.model_validate({
-        "name": name,
-        "implementation": "runtime.torch.TorchModel",
-        "continuous_batching": True,
-        "max_batch_size": streams,
-        "max_queue_size": 10 * args.streams,
-        "inputs": [
-            {"name": "tokens", "datatype": "INT64", "shape": [-1, -1]},
-            {"name": "h0", **state},
-            {"name": "c0", **state},
-        ],
-        "outputs": [
-            {"name": "next_token", "datatype": "INT64", "shape": [-1, 1]},
-            {"name": "logits", "datatype": "FP32", "shape": [-1, args.vocabulary]},
-            {"name": "h", "datatype": "FP32", "shape": [-1, 1, args.hidden]},
-            {"name": "c", "datatype": "FP32", "shape": [-1, 1, args.hidden]},
-        ],
-        "parameters": {"uri": str(path), "extra": extra},
-    })
+    return ModelSettings.model_validate(
+        {
+            "name": name,
+            "implementation": "runtime.torch.TorchModel",
+            "continuous_batching": True,
+            "max_batch_size": streams,
+            "max_queue_size": 10 * args.streams,
+            "inputs": [
+                {"name": "tokens", "datatype": "INT64", "shape": [-1, -1]},
+                {"name": "h0", **state},
+                {"name": "c0", **state},
+            ],
+            "outputs": [
+                {"name": "next_token", "datatype": "INT64", "shape": [-1, 1]},
+                {"name": "logits", "datatype": "FP32", "shape": [-1, args.vocabulary]},
+                {"name": "h", "datatype": "FP32", "shape": [-1, 1, args.hidden]},
+                {"name": "c", "datatype": "FP32", "shape": [-1, 1, args.hidden]},
+            ],
+            "parameters": {"uri": str(path), "extra": extra},
+        }
+    )
 
 
 def prompts(args: argparse.Namespace) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    return [rng.integers(1, args.vocabulary, size=(1, args.prompt), dtype=np.int64) for _ in range(args.streams)]
+    return [
+        rng.integers(1, args.vocabulary, size=(1, args.prompt), dtype=np.int64) for _ in range(args.streams)
+    ]
 
 
 def plain_loop(module: Any, prompt: np.ndarray, args: argparse.Namespace, device: torch.device) -> int:
@@ -173,12 +177,16 @@ async def bench(args: argparse.Namespace) -> None:
     print(header)
     print("-" * len(header))
     for name, rate in best.items():
-        print(f"{name:<14} {rate:>10.0f} {rate / best['plain loop']:>8.2f}x {rate / best['one at a time']:>16.2f}x")
+        print(
+            f"{name:<14} {rate:>10.0f} {rate / best['plain loop']:>8.2f}x {rate / best['one at a time']:>16.2f}x"
+        )
     print(f"continuous: largest step {stats['largest_batch']} streams, {stats['steps']} steps in all")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--streams", type=int, default=32, help="streams at once")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")

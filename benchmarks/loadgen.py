@@ -27,7 +27,9 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def build_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+def build_request(
+    host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> bytes:
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
@@ -54,7 +56,9 @@ async def _connection(host: str, port: int, request: bytes, stop_at: float, resu
         writer.close()
 
 
-async def run_load(host: str, port: int, request: bytes, connections: int, seconds: float, warmup: float = 1.0) -> Result:
+async def run_load(
+    host: str, port: int, request: bytes, connections: int, seconds: float, warmup: float = 1.0
+) -> Result:
     if warmup:
         await run_load(host, port, request, connections, warmup, warmup=0)
     result = Result(0, 0.0, [], 0)

@@ -148,7 +148,9 @@ class _Segment(Generic[T]):
         return Reply(tag, first.model, first.version, item.id, response=item)
 
 
-async def in_sessions(dataplane: DataPlane, items: AsyncIterator[Routed[T]]) -> AsyncGenerator[Reply[T], None]:
+async def in_sessions(
+    dataplane: DataPlane, items: AsyncIterator[Routed[T]]
+) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream MLServer's way: one model stream per run of requests for one model."""
     source = aiter(items)
     item = await anext(source, None)

@@ -202,7 +202,9 @@ class StreamSession:
         try:
             async for response in stream:
                 if isinstance(response, RequestFailed):
-                    yield StreamError(sort_error(self.entry.name, response.error), response.request_id, continues=True)
+                    yield StreamError(
+                        sort_error(self.entry.name, response.error), response.request_id, continues=True
+                    )
                     continue
                 yield self.finish(response, self._answering(response), self.entry)
                 # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never

@@ -73,7 +73,9 @@ def _post_process(name: str, text: str, stems: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder to write the stubs into")
     args = parser.parse_args(argv)
     for path in generate(args.out):

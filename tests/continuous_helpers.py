@@ -46,7 +46,9 @@ def extra(chunk: InferenceResponse) -> dict[str, Any]:
 class Client:
     """One stream read in its own task, as a transport would: its chunks, its error, when it ended."""
 
-    def __init__(self, dataplane: DataPlane, request_id: str, model: str = "ticker", **parameters: Any) -> None:
+    def __init__(
+        self, dataplane: DataPlane, request_id: str, model: str = "ticker", **parameters: Any
+    ) -> None:
         self.id = request_id
         self.chunks: list[InferenceResponse] = []
         self.error: ServerError | None = None

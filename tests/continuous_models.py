@@ -139,7 +139,9 @@ class SyncTicker(ContinuousModel):
                 InferenceResponse(
                     model_name=self.name,
                     outputs=[
-                        ResponseOutput(name="tick", shape=[1], datatype="INT64", data=np.array([s.steps + 1])),
+                        ResponseOutput(
+                            name="tick", shape=[1], datatype="INT64", data=np.array([s.steps + 1])
+                        ),
                         ResponseOutput(name="thread", shape=[1], datatype="BYTES", data=[thread.encode()]),
                     ],
                 ),

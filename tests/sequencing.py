@@ -37,7 +37,9 @@ def body(x: int, **params: Any) -> dict[str, Any]:
     return document
 
 
-async def step(client: httpx.AsyncClient, x: int, model: str = "seq", headers: Any = None, **params: Any) -> httpx.Response:
+async def step(
+    client: httpx.AsyncClient, x: int, model: str = "seq", headers: Any = None, **params: Any
+) -> httpx.Response:
     return await client.post(f"/v2/models/{model}/infer", json=body(x, **params), headers=headers)
 
 

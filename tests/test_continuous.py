@@ -79,7 +79,9 @@ async def test_a_cancelled_stream_frees_its_slot_within_a_step(inprocess: InProc
     assert ticks(waiting.chunks) == [1, 2]
 
 
-async def test_a_stream_closed_inside_a_cancelled_anyio_scope_still_frees_its_slot(inprocess: InProcess) -> None:
+async def test_a_stream_closed_inside_a_cancelled_anyio_scope_still_frees_its_slot(
+    inprocess: InProcess,
+) -> None:
     """Race: sse-starlette stops a stream by cancelling an anyio task group, whose cancellation is
     level-triggered: every await in the cleanup raises again at once. Leaving the running set must
     not wait on anything, or the stream stays in it forever, holding its slot."""
@@ -288,10 +290,16 @@ async def test_stopping_finishes_accepted_streams_and_refuses_new_ones(inprocess
 async def test_a_sync_step_runs_off_the_event_loop(inprocess: InProcess) -> None:
     await inprocess.load(
         ModelSettings(
-            name="sync", implementation="tests.continuous_models.SyncTicker", continuous_batching=True, max_batch_size=4
+            name="sync",
+            implementation="tests.continuous_models.SyncTicker",
+            continuous_batching=True,
+            max_batch_size=4,
         )
     )
-    a, b = Client(inprocess.dataplane, "a", model="sync", length=3), Client(inprocess.dataplane, "b", model="sync")
+    a, b = (
+        Client(inprocess.dataplane, "a", model="sync", length=3),
+        Client(inprocess.dataplane, "b", model="sync"),
+    )
     for client in (a, b):
         await client.finished()
         assert client.error is None

@@ -137,7 +137,9 @@ async def test_sequence_rules_apply_to_streams(inprocess: InProcess) -> None:
 
 async def test_unary_requests_of_a_sequence_and_unloading(inprocess: InProcess) -> None:
     model, _ = await loaded(inprocess)
-    response = await inprocess.dataplane.infer(request("u1", sequence_id="s", sequence_start=True, length=2), "seq")
+    response = await inprocess.dataplane.infer(
+        request("u1", sequence_id="s", sequence_start=True, length=2), "seq"
+    )
     assert list(response.outputs[0].data) == [1, 2] and extra(response)["sequence_id"] == "s"
     stream = client(inprocess, "s2", sequence_id="s", length=3)
     await stream.finished()
@@ -147,15 +149,22 @@ async def test_unary_requests_of_a_sequence_and_unloading(inprocess: InProcess) 
 
 async def test_the_model_hears_of_every_stream_and_sequence_once(inprocess: InProcess) -> None:
     model, _ = await loaded(inprocess)
-    streams = [client(inprocess, f"r{i}", sequence_id=f"s{i % 3}", sequence_start=i < 3, length=1 + i % 4) for i in range(9)]
+    streams = [
+        client(inprocess, f"r{i}", sequence_id=f"s{i % 3}", sequence_start=i < 3, length=1 + i % 4)
+        for i in range(9)
+    ]
     await asyncio.gather(*(s.finished() for s in streams))
     assert all(s.error is None for s in streams)
-    assert sorted(stream for stream, reason in model.ended if reason == "finished") == sorted(s.id for s in streams)
+    assert sorted(stream for stream, reason in model.ended if reason == "finished") == sorted(
+        s.id for s in streams
+    )
     ends = [client(inprocess, f"e{i}", sequence_id=f"s{i}", sequence_end=True, length=1) for i in range(3)]
     await asyncio.gather(*(e.finished() for e in ends))
     await turns_until(lambda: len(model.sequences_ended) == 3)
     assert sorted((key, reason) for key, reason, _ in model.sequences_ended) == [
-        ("s0", "end"), ("s1", "end"), ("s2", "end")
+        ("s0", "end"),
+        ("s1", "end"),
+        ("s2", "end"),
     ]
 
 
@@ -163,8 +172,12 @@ async def test_an_evicted_state_ends_its_sequence(inprocess: InProcess) -> None:
     """The state store holds one state: when b's streams leave and its state goes back, a's (idle)
     is evicted; a ends (the model is told) and its next request is refused, never started afresh."""
     model, _ = await loaded(inprocess, sequence_state_capacity=1)
-    assert (await client(inprocess, "a1", sequence_id="a", sequence_start=True, length=1).finished()).error is None
-    assert (await client(inprocess, "b1", sequence_id="b", sequence_start=True, length=1).finished()).error is None
+    assert (
+        await client(inprocess, "a1", sequence_id="a", sequence_start=True, length=1).finished()
+    ).error is None
+    assert (
+        await client(inprocess, "b1", sequence_id="b", sequence_start=True, length=1).finished()
+    ).error is None
     await model.told.wait()
     assert model.sequences_ended == [("a", "eviction", ["a1"])]
     late = await client(inprocess, "a2", sequence_id="a", length=1).finished()

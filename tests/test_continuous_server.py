@@ -58,7 +58,9 @@ class Sse:
         self.error: str | None = None
         self.status = 0
         self.first = asyncio.Event()
-        self.task = asyncio.create_task(self._run(client, {"id": request_id, "inputs": [], "parameters": parameters}))
+        self.task = asyncio.create_task(
+            self._run(client, {"id": request_id, "inputs": [], "parameters": parameters})
+        )
 
     async def _run(self, client: httpx.AsyncClient, body: dict[str, Any]) -> None:
         async with aconnect_sse(client, "POST", "/v2/models/ticker/infer_stream", json=body) as source:
@@ -211,7 +213,9 @@ def test_grpc_a_failing_stream_is_answered_in_band_and_the_other_goes_on(server:
         long = stub.ModelStreamInfer(iter([grpc_request("long", **LONG)]), timeout=60)
         first = next(long)
         assert first.id == "long" and tick(first) == 1
-        answers = list(stub.ModelStreamInfer(iter([grpc_request("bad", length=9, fail_at=3, delay_ms=2)]), timeout=60))
+        answers = list(
+            stub.ModelStreamInfer(iter([grpc_request("bad", length=9, fail_at=3, delay_ms=2)]), timeout=60)
+        )
         assert [tick(r) for r in answers[:-1]] == [1, 2]
         error = answers[-1]
         assert error.id == "bad" and "failed at 3" in error.parameters["error"].string_param
@@ -251,7 +255,9 @@ def test_triton_stream_a_short_request_finishes_first(triton_server: RunningServ
     client = triton.InferenceServerClient(triton_server.grpc_address)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        client.async_stream_infer("ticker", base(0), request_id="long", parameters=LONG, enable_empty_final_response=True)
+        client.async_stream_infer(
+            "ticker", base(0), request_id="long", parameters=LONG, enable_empty_final_response=True
+        )
         got: dict[str, list[int]] = {"long": [], "short": []}
         finished: list[str] = []
         while "short" not in finished:
@@ -265,7 +271,11 @@ def test_triton_stream_a_short_request_finishes_first(triton_server: RunningServ
                 finished.append(response.id)
             if response.id == "long" and len(got["long"]) == 1:
                 client.async_stream_infer(
-                    "ticker", base(100), request_id="short", parameters={"length": 3}, enable_empty_final_response=True
+                    "ticker",
+                    base(100),
+                    request_id="short",
+                    parameters={"length": 3},
+                    enable_empty_final_response=True,
                 )
         assert got["short"] == [101, 102, 103] and finished == ["short"]
         assert len(got["long"]) < LONG["length"]

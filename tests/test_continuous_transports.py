@@ -78,7 +78,9 @@ async def test_sse_a_joiner_takes_part_in_the_next_step_and_a_disconnect_frees_i
         model, scheduler = parts(server)
         model.hold()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{server.http_port}", limits=limits
+        ) as client:
             a = Sse(client, "a", length=100)
             await model.wait_stepping()  # step 1: [a], held
             b = Sse(client, "b", length=100)
@@ -99,7 +101,9 @@ async def test_sse_a_joiner_takes_part_in_the_next_step_and_a_disconnect_frees_i
             await a.leave()
 
 
-async def test_grpc_a_joiner_takes_part_in_the_next_step_and_a_cancelled_call_frees_its_slot_at_once() -> None:
+async def test_grpc_a_joiner_takes_part_in_the_next_step_and_a_cancelled_call_frees_its_slot_at_once() -> (
+    None
+):
     """The same races over gRPC ModelStreamInfer: a call that arrives during a step joins the next
     one; a call cancelled during a held step is out of the next one."""
     async with serving(ticker_settings(max_batch_size=2)) as server:

@@ -34,7 +34,6 @@ def test_counter_client_example(example_server: RunningServer) -> None:
     assert "afterwards: 400" in result.stdout and "reason: end" in result.stdout
 
 
-
 def test_counter_grpc_client_example(example_server: RunningServer) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "clients" / "counter_grpc.py"), example_server.grpc_address],

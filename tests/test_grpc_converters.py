@@ -109,7 +109,11 @@ def test_a_typed_request_with_a_fp16_output_is_answered_raw() -> None:
             "not valid INT8",
         ),
         (
-            lambda r: (r.inputs.add(name="x", datatype="FP32", shape=[1]), r.inputs.add(name="y", datatype="FP32", shape=[1]), r.raw_input_contents.append(b"\0" * 4)),
+            lambda r: (
+                r.inputs.add(name="x", datatype="FP32", shape=[1]),
+                r.inputs.add(name="y", datatype="FP32", shape=[1]),
+                r.raw_input_contents.append(b"\0" * 4),
+            ),
             "raw_input_contents entries",
         ),
         (

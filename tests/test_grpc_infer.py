@@ -120,10 +120,34 @@ def test_parameters_of_every_kind_round_trip(stub) -> None:
         (raw_request("strict", x=np.zeros((2, 2), np.int32)), "must be FP32"),
         (raw_request("strict", x=np.zeros((2, 3), np.float32)), "must have shape"),
         (raw_request("strict", y=np.zeros((2, 2), np.float32)), "has no input"),
-        (pb.ModelInferRequest(model_name="mirror", inputs=[{"name": "x", "datatype": "FP32", "shape": [2]}], raw_input_contents=[b"\0" * 4]), "needs 8 bytes"),
-        (pb.ModelInferRequest(model_name="mirror", inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}], raw_input_contents=[b""]), "negative dimension"),
-        (pb.ModelInferRequest(model_name="mirror", inputs=[{"name": "x", "datatype": "FP32", "shape": [3]}]), "3 elements"),
-        (pb.ModelInferRequest(model_name="mirror", inputs=[{"name": "x", "datatype": "INT4", "shape": [1]}]), "unknown datatype"),
+        (
+            pb.ModelInferRequest(
+                model_name="mirror",
+                inputs=[{"name": "x", "datatype": "FP32", "shape": [2]}],
+                raw_input_contents=[b"\0" * 4],
+            ),
+            "needs 8 bytes",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="mirror",
+                inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                raw_input_contents=[b""],
+            ),
+            "negative dimension",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="mirror", inputs=[{"name": "x", "datatype": "FP32", "shape": [3]}]
+            ),
+            "3 elements",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name="mirror", inputs=[{"name": "x", "datatype": "INT4", "shape": [1]}]
+            ),
+            "unknown datatype",
+        ),
     ],
 )
 def test_bad_requests_are_invalid_argument(stub, request_, message: str) -> None:
@@ -183,7 +207,11 @@ def test_stream_reports_errors_in_band_and_stays_open(stub) -> None:
     ]
     responses = list(stub.ModelStreamInfer(iter(requests)))
     assert [r.id for r in responses] == [r.id for r in requests]
-    errors = {r.id: (r.parameters["error_code"].string_param, r.parameters["error"].string_param) for r in responses if "error" in r.parameters}
+    errors = {
+        r.id: (r.parameters["error_code"].string_param, r.parameters["error"].string_param)
+        for r in responses
+        if "error" in r.parameters
+    }
     assert errors.keys() == {"bad-input", "broken", "unknown", "wrong-type"}
     assert errors["bad-input"][0] == "INVALID_ARGUMENT"
     assert errors["broken"] == ("INTERNAL", "Model 'mirror' failed: RuntimeError: mirror was told to break")
@@ -202,7 +230,11 @@ def test_stream_switches_models_between_requests(stub) -> None:
     strict.inputs.add(name="x", datatype="FP32", shape=[1, 2])
     requests = [stream_request("mirror", "m-1", 1), strict, stream_request("mirror", "m-2", 2)]
     responses = list(stub.ModelStreamInfer(iter(requests)))
-    assert [(r.id, r.model_name) for r in responses] == [("m-1", "mirror"), ("to-strict", "strict"), ("m-2", "mirror")]
+    assert [(r.id, r.model_name) for r in responses] == [
+        ("m-1", "mirror"),
+        ("to-strict", "strict"),
+        ("m-2", "mirror"),
+    ]
     assert np.frombuffer(responses[1].raw_output_contents[0], np.float32).tolist() == [2, 2]
 
 
@@ -224,7 +256,9 @@ def test_response_headers_travel_as_trailing_metadata(stub) -> None:
     request.parameters["reply_header"].string_param = "hello"
     response, call = stub.ModelInfer.with_call(request)
     assert ("x-mirror", "hello") in call.trailing_metadata()
-    assert "headers" not in response.parameters and response.parameters["reply_header"].string_param == "hello"
+    assert (
+        "headers" not in response.parameters and response.parameters["reply_header"].string_param == "hello"
+    )
 
 
 def held(request_id: str, hold_ms: int = 60_000) -> pb.ModelInferRequest:

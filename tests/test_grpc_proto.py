@@ -33,7 +33,9 @@ def test_checked_in_stubs_match_the_proto(tmp_path: Path) -> None:
         capture_output=True,
     )
     fresh = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    checked_in = {p.name: p.read_bytes() for p in GENERATED.iterdir() if p.name != "__init__.py" and p.is_file()}
+    checked_in = {
+        p.name: p.read_bytes() for p in GENERATED.iterdir() if p.name != "__init__.py" and p.is_file()
+    }
     assert sorted(fresh) == sorted(checked_in)
     stale = [name for name in fresh if fresh[name] != checked_in[name]]
     assert not stale, f"{stale} differ from proto/: run python3 scripts/generate_grpc.py"

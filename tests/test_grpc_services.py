@@ -144,9 +144,24 @@ def test_reload_drops_no_traffic(grpc_server, grpc_models) -> None:
 @pytest.mark.parametrize(
     ("rpc", "request_", "code", "message"),
     [
-        ("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="nope"), "NOT_FOUND", "Model 'nope' not found"),
-        ("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="nope"), "NOT_FOUND", "Model 'nope' not found"),
-        ("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="broken"), "INTERNAL", "broken on purpose"),
+        (
+            "RepositoryModelLoad",
+            pb.RepositoryModelLoadRequest(model_name="nope"),
+            "NOT_FOUND",
+            "Model 'nope' not found",
+        ),
+        (
+            "RepositoryModelUnload",
+            pb.RepositoryModelUnloadRequest(model_name="nope"),
+            "NOT_FOUND",
+            "Model 'nope' not found",
+        ),
+        (
+            "RepositoryModelLoad",
+            pb.RepositoryModelLoadRequest(model_name="broken"),
+            "INTERNAL",
+            "broken on purpose",
+        ),
         (
             "RepositoryModelLoad",
             pb.RepositoryModelLoadRequest(model_name="tagged", parameters={"config": {"string_param": "{}"}}),
@@ -168,7 +183,9 @@ def test_tritonclient_repository_calls(grpc_server) -> None:
         names = {m.name for m in client.get_model_repository_index().models}
         assert {"mirror", "strict", "tagged", "broken"} <= names
         client.unload_model("tagged")
-        assert not any(m.name == "tagged" and m.state == "READY" for m in client.get_model_repository_index().models)
+        assert not any(
+            m.name == "tagged" and m.state == "READY" for m in client.get_model_repository_index().models
+        )
         client.load_model("tagged")
         assert client.is_model_ready("tagged")
         with pytest.raises(InferenceServerException) as info:

@@ -64,7 +64,9 @@ def counter_request(n: int, request_id: str) -> pb.ModelInferRequest:
 
 def words_request(text: str, request_id: str, **parameters: int | bool) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="words", id=request_id)
-    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text.encode())
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(
+        text.encode()
+    )
     for key, value in parameters.items():
         if isinstance(value, bool):
             request.parameters[key].bool_param = value
@@ -123,7 +125,9 @@ def test_stream_models_answer_in_order_with_their_request_ids(streaming_server: 
         ("w2", "four"), ("w2", "INTERNAL"),
         ("w3", "seven"), ("w3", "eight"), ("w3", "seven"), ("w3", "eight"),
     ]  # fmt: skip
-    finish = [r.parameters["finish_reason"].string_param for r in responses if "finish_reason" in r.parameters]
+    finish = [
+        r.parameters["finish_reason"].string_param for r in responses if "finish_reason" in r.parameters
+    ]
     assert finish == ["length", "length"]  # on the last word of w1 and of w3 only
 
 
@@ -208,7 +212,11 @@ async def test_triton_format_streams_tokens_with_final_flags() -> None:
     assert got == {
         "asked": [("a", False), ("b", False), ("c", False), ("", True)],
         "plain": [("d", False), ("e", True)],
-        "broken": [("f", False), ("g", False), ("Model 'words' failed: RuntimeError: broke after 2 words", True)],
+        "broken": [
+            ("f", False),
+            ("g", False),
+            ("Model 'words' failed: RuntimeError: broke after 2 words", True),
+        ],
     }
 
 

@@ -92,7 +92,10 @@ def test_parameters_tritonclient_can_send_come_back_in_kind(client) -> None:
         timeout=1_000_000,
     )
     params = result.get_response().parameters
-    kinds = {key: (value.WhichOneof("parameter_choice"), getattr(value, value.WhichOneof("parameter_choice"))) for key, value in params.items()}
+    kinds = {
+        key: (value.WhichOneof("parameter_choice"), getattr(value, value.WhichOneof("parameter_choice")))
+        for key, value in params.items()
+    }
     assert kinds == {
         "text": ("string_param", "t"),
         "flag": ("bool_param", True),
@@ -218,7 +221,11 @@ async def test_asyncio_client_streams(server) -> None:
 
     async def requests():
         for i in range(4):
-            yield {"model_name": "mirror", "inputs": [tensor("x", np.full(1, i, np.int64))], "request_id": f"a-{i}"}
+            yield {
+                "model_name": "mirror",
+                "inputs": [tensor("x", np.full(1, i, np.int64))],
+                "request_id": f"a-{i}",
+            }
 
     try:
         got = {}

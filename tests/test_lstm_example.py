@@ -38,8 +38,15 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
         outputs = []
         for i, chunk in enumerate(np.split(utterances[n], 3)):
             params = {"sequence_id": n + 1, "sequence_start": i == 0, "sequence_end": i == 2}
-            tensor = {"name": "frames", "shape": list(chunk.shape), "datatype": "FP32", "data": chunk.ravel().tolist()}
-            response = await client.post("/v2/models/lstm/infer", json={"inputs": [tensor], "parameters": params})
+            tensor = {
+                "name": "frames",
+                "shape": list(chunk.shape),
+                "datatype": "FP32",
+                "data": chunk.ravel().tolist(),
+            }
+            response = await client.post(
+                "/v2/models/lstm/infer", json={"inputs": [tensor], "parameters": params}
+            )
             assert response.status_code == 200, response.text
             out = response.json()["outputs"][0]
             outputs.append(np.asarray(out["data"], dtype=np.float32).reshape(out["shape"]))
@@ -63,7 +70,9 @@ def test_lstm_client_example_over_rest_and_one_grpc_stream() -> None:
     server = start_server(EXAMPLE.parent)
     client = [sys.executable, str(ROOT / "examples" / "clients" / "lstm_client.py"), "--sequences", "8"]
     try:
-        rest = subprocess.run([*client, server.http_url], capture_output=True, text=True, timeout=120, check=True)
+        rest = subprocess.run(
+            [*client, server.http_url], capture_output=True, text=True, timeout=120, check=True
+        )
         grpc = subprocess.run(
             [*client, "--grpc", server.grpc_address], capture_output=True, text=True, timeout=120, check=True
         )

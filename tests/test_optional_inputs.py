@@ -19,7 +19,8 @@ class Names(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         count = len(payload.inputs)
         return InferenceResponse(
-            model_name=self.name, outputs=[ResponseOutput(name="n", shape=[1], datatype="INT64", data=[count])]
+            model_name=self.name,
+            outputs=[ResponseOutput(name="n", shape=[1], datatype="INT64", data=[count])],
         )
 
 
@@ -56,7 +57,9 @@ async def test_optional_inputs_may_be_omitted_required_ones_may_not(inprocess: I
 
 def test_only_a_true_optional_parameter_counts() -> None:
     def tensor(parameters: object) -> MetadataTensor:
-        return MetadataTensor.model_validate({"name": "t", "datatype": "FP32", "shape": [1], "parameters": parameters})
+        return MetadataTensor.model_validate(
+            {"name": "t", "datatype": "FP32", "shape": [1], "parameters": parameters}
+        )
 
     assert tensor({"optional": True}).optional
     assert not tensor({"optional": "yes"}).optional

@@ -35,7 +35,14 @@ def test_top_level_api_is_pinned() -> None:
 
 
 def test_mlserver_names_exist() -> None:
-    for name in ("NumpyCodec", "NumpyRequestCodec", "StringCodec", "StringRequestCodec", "Base64Codec", "decode_args"):
+    for name in (
+        "NumpyCodec",
+        "NumpyRequestCodec",
+        "StringCodec",
+        "StringRequestCodec",
+        "Base64Codec",
+        "decode_args",
+    ):
         assert name in codecs.__all__
     for name in (
         "InferenceRequest",
@@ -49,7 +56,17 @@ def test_mlserver_names_exist() -> None:
         "MetadataServerResponse",
     ):
         assert name in types.__all__
-    for method in ("load", "predict", "predict_stream", "unload", "metadata", "decode", "decode_request", "encode", "encode_response"):
+    for method in (
+        "load",
+        "predict",
+        "predict_stream",
+        "unload",
+        "metadata",
+        "decode",
+        "decode_request",
+        "encode",
+        "encode_response",
+    ):
         assert callable(getattr(runtime.MLModel, method))
 
 

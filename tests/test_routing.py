@@ -28,7 +28,9 @@ class Tally(MLModel):
         self.streams = 0
         return True
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         self.streams += 1
         async for payload in payloads:
             yield InferenceResponse(
@@ -47,7 +49,9 @@ class Gate(MLModel):
         self.expected = 0
         return True
 
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for _ in payloads:
             self.inside += 1
             self.most_inside = max(self.most_inside, self.inside)

@@ -66,7 +66,9 @@ async def test_a_stream_keeps_arrival_order_within_each_sequence(inprocess: InPr
             params = Parameters(sequence_id=key, sequence_start=i < 3)
             data = np.array([value], dtype=np.int64)
             yield InferenceRequest(
-                id=f"r{i}", parameters=params, inputs=[RequestInput(name="x", shape=[1], datatype="INT64", data=data)]
+                id=f"r{i}",
+                parameters=params,
+                inputs=[RequestInput(name="x", shape=[1], datatype="INT64", data=data)],
             )
 
     answers = [r async for r in inprocess.dataplane.infer_stream(requests(), "seq")]

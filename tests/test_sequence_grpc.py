@@ -147,7 +147,9 @@ def test_tritonclient_http_sequences(server: RunningServer) -> None:
         for value in range(1, 5):
             x = httpclient.InferInput("x", [1], "INT64")
             x.set_data_from_numpy(np.array([value], np.int64))
-            result = client.infer("recorder", [x], sequence_id=77, sequence_start=value == 1, sequence_end=value == 4)
+            result = client.infer(
+                "recorder", [x], sequence_id=77, sequence_start=value == 1, sequence_end=value == 4
+            )
             sums.append(int(result.as_numpy("total")[0]))
         assert sums == [1, 3, 6, 10]
         assert result.get_response()["parameters"] == {"sequence_id": 77, "sequence_end": True}
@@ -178,5 +180,8 @@ def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub)
     wait_for(lambda: stats()["queued_requests"] == 0)
     with pytest.raises(grpc.RpcError) as refused:
         stub.ModelInfer(step("recorder", 1, sequence_id="gc"))
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reason: cancel" in refused.value.details()
+    assert (
+        refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "reason: cancel" in refused.value.details()
+    )
     assert total(held.result(timeout=30)) == 2

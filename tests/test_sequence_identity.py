@@ -61,7 +61,14 @@ def test_malformed_sequence_fields_are_refused(params: dict) -> None:
 def test_limits_are_inclusive_and_flags_accept_header_text() -> None:
     assert control(sequence_id="x" * 128) is not None
     assert control(sequence_id=2**64 - 1) is not None
-    for text, value in (("true", True), ("TRUE", True), ("1", True), ("yes", True), ("false", False), ("0", False)):
+    for text, value in (
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("false", False),
+        ("0", False),
+    ):
         parsed = control(sequence_id="a", sequence_start=text)
         assert parsed is not None and parsed.start is value
     assert control(sequence_id="a with spaces") is not None

@@ -23,8 +23,12 @@ def server() -> Iterator[RunningServer]:
 
 
 def raw_request(address: str, x: int, **params: Any) -> bytes:
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}], "parameters": params})
-    head = f"POST /v2/models/recorder/infer HTTP/1.1\r\nHost: {address}\r\nContent-Length: {len(body)}\r\n\r\n"
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}], "parameters": params}
+    )
+    head = (
+        f"POST /v2/models/recorder/infer HTTP/1.1\r\nHost: {address}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -74,7 +78,12 @@ def test_a_client_that_disconnects_while_queued_cancels_its_sequence(server: Run
     the model, cancel the sequence (later requests get 400 'cancel'), and still answer the running one."""
     url = f"{server.http_url}/v2/models/recorder/infer"
     start = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]}
-    assert httpx.post(url, json={**start, "parameters": {"sequence_id": "gone", "sequence_start": True}}).status_code == 200
+    assert (
+        httpx.post(
+            url, json={**start, "parameters": {"sequence_id": "gone", "sequence_start": True}}
+        ).status_code
+        == 200
+    )
     before = stats(server)["ended"]["cancel"]
     with connect(server) as running, running.makefile("rb") as running_stream:
         running.sendall(raw_request(server.http_address, 1, sequence_id="gone", hold_s=1.5))

@@ -69,9 +69,13 @@ async def test_a_model_with_predict_also_serves_stateless_requests(inprocess: In
 async def test_torchserve_headers_in_any_case_mean_the_parameters(inprocess: InProcess) -> None:
     model = await serve(inprocess)
     async with inprocess.client() as client:
-        start = await step(client, 2, headers={"TS_Request_Sequence_Id": "ts-1", "ts_request_sequence_start": "true"})
+        start = await step(
+            client, 2, headers={"TS_Request_Sequence_Id": "ts-1", "ts_request_sequence_start": "true"}
+        )
         assert total(start) == 2 and start.json()["parameters"]["sequence_id"] == "ts-1"
-        end = await step(client, 3, headers={"ts_request_sequence_id": "ts-1", "TS_REQUEST_SEQUENCE_END": "1"})
+        end = await step(
+            client, 3, headers={"ts_request_sequence_id": "ts-1", "TS_REQUEST_SEQUENCE_END": "1"}
+        )
         assert total(end) == 5 and end.headers["ts_request_sequence_end"] == "true"
         assert await model.ending("ts-1") == ("end", (5, (2, 3)))
         clash = await step(client, 1, headers={"ts_request_sequence_id": "b"}, sequence_id="a")
@@ -282,5 +286,7 @@ async def test_a_failing_state_store_fails_its_batch_and_the_batcher_serves_on(i
     async with inprocess.client() as client:
         failed = await step(client, 1, sequence_id="s", sequence_start=True)
         assert failed.status_code == 500 and "state store unreachable" in failed.json()["error"]
-        assert total(await step(client, 2, sequence_id="s")) == 2  # the failed step kept no state: none, as before START
+        assert (
+            total(await step(client, 2, sequence_id="s")) == 2
+        )  # the failed step kept no state: none, as before START
         assert total(await step(client, 2, sequence_id="s")) == 4

@@ -22,7 +22,9 @@ REPO = TEST_MODELS / "repo"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_version() -> None:

@@ -84,5 +84,7 @@ def test_the_client_script(server: RunningServer) -> None:
 def test_requests_outside_a_sequence_are_refused(server: RunningServer, client: ModuleType) -> None:
     import httpx
 
-    response = httpx.post(f"{server.http_url}/v2/models/streaming-counter/infer", json=client.body(3), timeout=30)
+    response = httpx.post(
+        f"{server.http_url}/v2/models/streaming-counter/infer", json=client.body(3), timeout=30
+    )
     assert response.status_code == 400 and "serves only sequences" in response.json()["error"]

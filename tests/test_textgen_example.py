@@ -138,7 +138,9 @@ def test_the_grpc_client_snippet_builds_oip_messages() -> None:
 # ---------------------------------------------------------------------- gRPC ModelStreamInfer
 
 
-def textgen_request(request_id: str, prompt: str, raw: bool = False, **parameters: Any) -> pb.ModelInferRequest:
+def textgen_request(
+    request_id: str, prompt: str, raw: bool = False, **parameters: Any
+) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="textgen", id=request_id)
     for key, value in parameters.items():
         if isinstance(value, float):
@@ -177,10 +179,17 @@ def test_grpc_stream_tokens_arrive_in_order_and_spell_the_unary_answer(textgen_s
     assert {r.id: bool(r.raw_output_contents) for r in responses} == {"greedy": False, "sampled": True}
     assert max(r.parameters["batch_size"].int64_param for r in responses) == 2
     assert all(len(piece(r)) == 1 for r in responses)
-    texts = {request_id: "".join(piece(r) for r in responses if r.id == request_id) for request_id in ("greedy", "sampled")}
+    texts = {
+        request_id: "".join(piece(r) for r in responses if r.id == request_id)
+        for request_id in ("greedy", "sampled")
+    }
     assert texts["greedy"] == generate(textgen_server, "In the morning", **greedy).json()["text_output"]
     assert texts["sampled"] == generate(textgen_server, "The keeper", **sampled).json()["text_output"]
-    finish = [(r.id, r.parameters["finish_reason"].string_param) for r in responses if "finish_reason" in r.parameters]
+    finish = [
+        (r.id, r.parameters["finish_reason"].string_param)
+        for r in responses
+        if "finish_reason" in r.parameters
+    ]
     assert sorted(finish) == [("greedy", "length"), ("sampled", "length")]
     for request_id in ("greedy", "sampled"):  # each one's last response is the one that says why it ended
         assert "finish_reason" in [r for r in responses if r.id == request_id][-1].parameters
@@ -195,7 +204,10 @@ def test_the_grpc_client_snippet_against_the_server(textgen_server: RunningServe
         assert isinstance(text, str), text
         texts[request_id] = texts.get(request_id, "") + text
     for i, prompt in enumerate(prompts):
-        assert texts[f"p{i}"] == generate(textgen_server, prompt, max_tokens=30, temperature=0).json()["text_output"]
+        assert (
+            texts[f"p{i}"]
+            == generate(textgen_server, prompt, max_tokens=30, temperature=0).json()["text_output"]
+        )
     # errors come back in band, for their own prompt
     [(request_id, error)] = list(client.stream_text(textgen_server.grpc_address, ["x"], max_tokens=0))
     assert request_id == "p0" and isinstance(error, client.GenerateError)
@@ -205,7 +217,15 @@ def test_the_grpc_client_snippet_against_the_server(textgen_server: RunningServe
     # and the script itself, as the README runs it
     script = ROOT / "examples" / "clients" / "textgen_grpc.py"
     run = subprocess.run(
-        [sys.executable, str(script), "--address", textgen_server.grpc_address, "--max-tokens", "30", *prompts],
+        [
+            sys.executable,
+            str(script),
+            "--address",
+            textgen_server.grpc_address,
+            "--max-tokens",
+            "30",
+            *prompts,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -221,7 +241,9 @@ async def test_the_triton_client_snippet_against_a_triton_format_server() -> Non
     settings = ModelSettings.from_file(STREAMING_EXAMPLES / "textgen" / "model-settings.json")
     async with serving(settings, grpc_stream_format="triton") as server:
         address = f"127.0.0.1:{server.grpc_port}"
-        pieces = await asyncio.to_thread(lambda: list(client.triton_stream_text(address, "The keeper", max_tokens=25)))
+        pieces = await asyncio.to_thread(
+            lambda: list(client.triton_stream_text(address, "The keeper", max_tokens=25))
+        )
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=60) as http:
             body = {"text_input": "The keeper", "parameters": {"max_tokens": 25, "temperature": 0}}
             whole = (await http.post("/v2/models/textgen/generate", json=body)).json()["text_output"]
@@ -237,5 +259,7 @@ def test_the_staggered_client_shows_streams_sharing_steps(textgen_server: Runnin
     client = load_example("textgen_staggered")
     runs = asyncio.run(client.staggered(textgen_server.http_url, streams=3, every=0.01, tokens=400))
     assert [len(run.sizes) for run in runs] == [400, 600, 800]  # ignore_eos: exactly max_tokens each
-    assert max(max(run.sizes) for run in runs) >= 2 and all(1 <= size <= 3 for run in runs for size in run.sizes)
+    assert max(max(run.sizes) for run in runs) >= 2 and all(
+        1 <= size <= 3 for run in runs for size in run.sizes
+    )
     assert client.runs_of([1, 1, 2, 2, 2, 1]) == "1x2 2x3 1x1"

@@ -65,7 +65,8 @@ def _body(inputs: dict[str, np.ndarray], **parameters: Any) -> dict[str, Any]:
 
 def _outputs(document: dict[str, Any]) -> dict[str, np.ndarray]:
     return {
-        out["name"]: np.asarray(out["data"], dtype=np.float32).reshape(out["shape"]) for out in document["outputs"]
+        out["name"]: np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        for out in document["outputs"]
     }
 
 
@@ -150,7 +151,9 @@ def _sequences() -> dict[str, np.ndarray]:
     return {key: rng.standard_normal((ROWS[key], STEPS, 8), dtype=np.float32) for key in CHUNKS}
 
 
-async def _serve_sequences(client: httpx.AsyncClient, base: str, model: str) -> dict[str, dict[str, np.ndarray]]:
+async def _serve_sequences(
+    client: httpx.AsyncClient, base: str, model: str
+) -> dict[str, dict[str, np.ndarray]]:
     xs = _sequences()
     served = await asyncio.gather(
         *(_send_sequence(client, base, model, f"s-{key}", xs[key], CHUNKS[key]) for key in CHUNKS)
@@ -200,7 +203,9 @@ async def test_sequence_state_rules(inprocess: InProcess, torch_repository: Path
         assert wrong.status_code == 400
         assert "'h0' has 2 row(s) but this request has 1" in wrong.json()["error"]
 
-        missing = await client.post(url, json=_body({"h0": own["h0"]}, sequence_id="other", sequence_start=True))
+        missing = await client.post(
+            url, json=_body({"h0": own["h0"]}, sequence_id="other", sequence_start=True)
+        )
         assert missing.status_code == 400
         assert "['x']" in missing.json()["error"]
 
@@ -249,7 +254,10 @@ async def test_state_needs_fixed_dimensions_and_a_strategy_that_keeps_it(
     plain = _sequence_settings(torch_repository, name="plain", sequence_batching=False)
     await inprocess.load(loose, plain)
     async with inprocess.client() as client:
-        for name, message in (("loose", "fixed dimensions after it"), ("plain", "this model's settings set neither")):
+        for name, message in (
+            ("loose", "fixed dimensions after it"),
+            ("plain", "this model's settings set neither"),
+        ):
             ready = await client.get(f"/v2/models/{name}/ready")
             assert ready.status_code == 503 and message in ready.text, ready.text
 
@@ -258,10 +266,14 @@ async def test_state_needs_fixed_dimensions_and_a_strategy_that_keeps_it(
 
 
 @pytest.fixture(scope="module")
-def batching_server(torch_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def batching_server(
+    torch_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("torch-batching")
     models = {
-        "lstm-batched": _batched(torch_repository, LSTM, "lstm-batched", max_batch_size=3, max_batch_time=30.0),
+        "lstm-batched": _batched(
+            torch_repository, LSTM, "lstm-batched", max_batch_size=3, max_batch_time=30.0
+        ),
         "lstm-sequence": _sequence_settings(torch_repository, name="lstm-sequence", max_batch_time=2.0),
     }
     for name, settings in models.items():
@@ -279,7 +291,9 @@ def test_real_server_adaptive_batch(batching_server: RunningServer, torch_reposi
 
     async def send() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=batching_server.http_url, timeout=60) as client:
-            return await asyncio.gather(*(client.post("/v2/models/lstm-batched/infer", json=_body(i)) for i in inputs))
+            return await asyncio.gather(
+                *(client.post("/v2/models/lstm-batched/infer", json=_body(i)) for i in inputs)
+            )
 
     responses = asyncio.run(send())
     module = own_module(torch_repository, LSTM)
@@ -353,4 +367,6 @@ async def test_steps_that_agree_after_the_batch_dimension_share_one_forward_call
         assert isinstance(result, InferenceResponse)
         expected = _whole(module, x)
         _check_rows("lstm", {out.name: np.asarray(out.data) for out in result.outputs}, expected)
-        assert np.array_equal(step.state["h0"], expected["h"]) and np.array_equal(step.state["c0"], expected["c"])
+        assert np.array_equal(step.state["h0"], expected["h"]) and np.array_equal(
+            step.state["c0"], expected["c"]
+        )

@@ -47,7 +47,9 @@ def torch_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def decoder_server(torch_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def decoder_server(
+    torch_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("decoders")
     for folder in ("decoder-stream", "decoder-chat"):
         settings = _settings(torch_repository, folder)
@@ -106,7 +108,12 @@ def own_generation(
     with torch.inference_mode():
         for _ in range(steps):
             next_token, logits, h, c = module(tokens, h, c)
-            chunks.append({name: t.numpy().copy() for name, t in zip(OUTPUT_NAMES, (next_token, logits, h, c), strict=True)})
+            chunks.append(
+                {
+                    name: t.numpy().copy()
+                    for name, t in zip(OUTPUT_NAMES, (next_token, logits, h, c), strict=True)
+                }
+            )
             tokens = next_token
             if bool((next_token == 0).all()):
                 break
@@ -122,11 +129,18 @@ def _same(got: list[Chunk], expected: list[Chunk], exact: bool = True) -> None:
             if exact or name == "next_token":
                 assert np.array_equal(mine[name], theirs[name]), (step, name)
             else:
-                np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-5, atol=1e-6, err_msg=f"{step} {name}")
+                np.testing.assert_allclose(
+                    mine[name], theirs[name], rtol=1e-5, atol=1e-6, err_msg=f"{step} {name}"
+                )
 
 
 def _tokens(prompt: np.ndarray) -> dict[str, Any]:
-    return {"name": "tokens", "datatype": "INT64", "shape": list(prompt.shape), "data": prompt.ravel().tolist()}
+    return {
+        "name": "tokens",
+        "datatype": "INT64",
+        "shape": list(prompt.shape),
+        "data": prompt.ravel().tolist(),
+    }
 
 
 def _chunk(document: dict[str, Any]) -> Chunk:
@@ -156,7 +170,9 @@ async def _stream(
 # ---------------------------------------------------------------------- streams over REST (SSE)
 
 
-def test_a_stream_equals_the_models_own_generation(decoder_server: RunningServer, torch_repository: Path) -> None:
+def test_a_stream_equals_the_models_own_generation(
+    decoder_server: RunningServer, torch_repository: Path
+) -> None:
     module = own_decoder(torch_repository)
     prompt = np.array([[3, 4]], dtype=np.int64)
 
@@ -214,8 +230,16 @@ def test_unary_infer_stacks_the_steps_and_keeps_the_last_state(
         ({"parameters": {"max_tokens": 33}}, 400, "more than this model's max_steps (32)"),
         ({"parameters": {"max_tokens": "many"}}, 400, "'max_tokens' must be a positive integer"),
         ({"parameters": {"max_tokens": 0}}, 400, "'max_tokens' must be a positive integer"),
-        ({"inputs": [{"name": "token", "datatype": "INT64", "shape": [1, 1], "data": [3]}]}, 400, "no input 'token'"),
-        ({"inputs": [{"name": "tokens", "datatype": "FP32", "shape": [1, 1], "data": [3]}]}, 400, "must be INT64"),
+        (
+            {"inputs": [{"name": "token", "datatype": "INT64", "shape": [1, 1], "data": [3]}]},
+            400,
+            "no input 'token'",
+        ),
+        (
+            {"inputs": [{"name": "tokens", "datatype": "FP32", "shape": [1, 1], "data": [3]}]},
+            400,
+            "must be INT64",
+        ),
     ],
 )
 def test_bad_requests_are_refused_before_the_stream(
@@ -223,7 +247,9 @@ def test_bad_requests_are_refused_before_the_stream(
 ) -> None:
     document = {"inputs": [_tokens(np.array([[3]], dtype=np.int64))], **body}
     for endpoint in ("infer_stream", "infer"):
-        response = httpx.post(f"{decoder_server.http_url}/v2/models/decoder-stream/{endpoint}", json=document, timeout=60)
+        response = httpx.post(
+            f"{decoder_server.http_url}/v2/models/decoder-stream/{endpoint}", json=document, timeout=60
+        )
         assert response.status_code == status, response.text
         assert message in response.json()["error"]
     assert httpx.get(f"{decoder_server.http_url}/v2/health/ready").status_code == 200
@@ -257,7 +283,9 @@ def _triton_tokens(prompt: np.ndarray) -> list[triton_grpc.InferInput]:
     return [tensor]
 
 
-def test_tritonclient_streams_equal_the_own_generation(decoder_server: RunningServer, torch_repository: Path) -> None:
+def test_tritonclient_streams_equal_the_own_generation(
+    decoder_server: RunningServer, torch_repository: Path
+) -> None:
     module = own_decoder(torch_repository)
     prompts = {"a": np.array([[1, 2]], dtype=np.int64), "b": np.array([[6]], dtype=np.int64)}
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -285,14 +313,20 @@ def test_tritonclient_streams_equal_the_own_generation(decoder_server: RunningSe
 # ---------------------------------------------------------------------- with sequences: the state goes on
 
 
-def test_a_sequence_goes_on_from_its_previous_request(decoder_server: RunningServer, torch_repository: Path) -> None:
+def test_a_sequence_goes_on_from_its_previous_request(
+    decoder_server: RunningServer, torch_repository: Path
+) -> None:
     module = own_decoder(torch_repository, "decoder-chat")
     url = f"{decoder_server.http_url}/v2/models/decoder-chat/infer"
     first_prompt, second_prompt = np.array([[3, 4]], dtype=np.int64), np.array([[7]], dtype=np.int64)
-    first = httpx.post(url, timeout=60, json={
-        "inputs": [_tokens(first_prompt)],
-        "parameters": {"sequence_id": "chat-1", "sequence_start": True, "max_tokens": 3},
-    })
+    first = httpx.post(
+        url,
+        timeout=60,
+        json={
+            "inputs": [_tokens(first_prompt)],
+            "parameters": {"sequence_id": "chat-1", "sequence_start": True, "max_tokens": 3},
+        },
+    )
     assert first.status_code == 200, first.text
     expected_first = own_generation(module, first_prompt, 3)
     assert _chunk(first.json())["next_token"].ravel().tolist() == [5, 6, 7]
@@ -301,14 +335,20 @@ def test_a_sequence_goes_on_from_its_previous_request(decoder_server: RunningSer
     async def second() -> list[Chunk]:
         async with httpx.AsyncClient(base_url=decoder_server.http_url, timeout=60) as client:
             chunks, _ = await _stream(
-                client, "/v2/models/decoder-chat/infer_stream", second_prompt,
-                sequence_id="chat-1", sequence_end=True, max_tokens=4,
+                client,
+                "/v2/models/decoder-chat/infer_stream",
+                second_prompt,
+                sequence_id="chat-1",
+                sequence_end=True,
+                max_tokens=4,
             )
             return chunks
 
     state = (expected_first[-1]["h"], expected_first[-1]["c"])
     _same(asyncio.run(second()), own_generation(module, second_prompt, 4, state))
-    ended = httpx.post(url, timeout=60, json={"inputs": [_tokens(second_prompt)], "parameters": {"sequence_id": "chat-1"}})
+    ended = httpx.post(
+        url, timeout=60, json={"inputs": [_tokens(second_prompt)], "parameters": {"sequence_id": "chat-1"}}
+    )
     assert ended.status_code == 400, ended.text
 
 
@@ -320,14 +360,25 @@ def test_a_later_request_of_a_sequence_waits_for_the_earlier_stream(
 
     async def run() -> tuple[list[Chunk], dict[str, Any]]:
         async with httpx.AsyncClient(base_url=decoder_server.http_url, timeout=60) as client:
-            body = {"inputs": [_tokens(first_prompt)], "parameters": {"sequence_id": 7, "sequence_start": True, "max_tokens": 10}}
+            body = {
+                "inputs": [_tokens(first_prompt)],
+                "parameters": {"sequence_id": 7, "sequence_start": True, "max_tokens": 10},
+            }
             chunks: list[Chunk] = []
-            async with aconnect_sse(client, "POST", "/v2/models/decoder-chat/infer_stream", json=body) as source:
+            async with aconnect_sse(
+                client, "POST", "/v2/models/decoder-chat/infer_stream", json=body
+            ) as source:
                 events = source.aiter_sse()
                 chunks.append(_chunk(json.loads((await anext(events)).data)))
-                later = asyncio.ensure_future(client.post("/v2/models/decoder-chat/infer", json={
-                    "inputs": [_tokens(second_prompt)], "parameters": {"sequence_id": 7, "sequence_end": True, "max_tokens": 3},
-                }))
+                later = asyncio.ensure_future(
+                    client.post(
+                        "/v2/models/decoder-chat/infer",
+                        json={
+                            "inputs": [_tokens(second_prompt)],
+                            "parameters": {"sequence_id": 7, "sequence_end": True, "max_tokens": 3},
+                        },
+                    )
+                )
                 async for event in events:
                     chunks.append(_chunk(json.loads(event.data)))
             response = await later
@@ -349,8 +400,14 @@ def test_tritonclient_sequence_over_grpc(decoder_server: RunningServer, torch_re
     prompts = [np.array([[4]], dtype=np.int64), np.array([[9]], dtype=np.int64)]
     try:
         answers = [
-            client.infer("decoder-chat", _triton_tokens(prompt), sequence_id=4242, sequence_start=index == 0,
-                         sequence_end=index == 1, parameters={"max_tokens": 2})
+            client.infer(
+                "decoder-chat",
+                _triton_tokens(prompt),
+                sequence_id=4242,
+                sequence_start=index == 0,
+                sequence_end=index == 1,
+                parameters={"max_tokens": 2},
+            )
             for index, prompt in enumerate(prompts)
         ]
     finally:
@@ -358,7 +415,9 @@ def test_tritonclient_sequence_over_grpc(decoder_server: RunningServer, torch_re
     first = own_generation(module, prompts[0], 2)
     second = own_generation(module, prompts[1], 2, (first[-1]["h"], first[-1]["c"]))
     for answer, expected in zip(answers, (first, second), strict=True):
-        assert np.array_equal(answer.as_numpy("next_token"), np.stack([e["next_token"] for e in expected], axis=1))
+        assert np.array_equal(
+            answer.as_numpy("next_token"), np.stack([e["next_token"] for e in expected], axis=1)
+        )
         assert np.array_equal(answer.as_numpy("c"), expected[-1]["c"])
 
 
@@ -377,7 +436,11 @@ def test_tritonclient_sequence_over_grpc(decoder_server: RunningServer, torch_re
         ({"stop": {"output": "token", "values": [0]}}, {}, "stop watches output 'token'"),
         ({"stop": {"output": "next_token", "values": []}}, {}, "stop.values"),
         ({}, {"continuous_batching": False, "sequence_batching": False}, "settings set neither"),
-        ({"sequence_state": {}}, {"continuous_batching": False}, "is used with \"continuous_batching\": true only"),
+        (
+            {"sequence_state": {}},
+            {"continuous_batching": False},
+            'is used with "continuous_batching": true only',
+        ),
     ],
 )
 async def test_bad_continuous_settings_fail_the_load(
@@ -403,14 +466,19 @@ async def test_an_output_the_program_cannot_take_back_ends_the_stream_with_a_rea
     batch = torch.export.Dim("batch", min=1, max=64)
     program = torch.export.export(_Shrink(), (torch.ones(2, 4),), dynamic_shapes={"x": {0: batch}})
     torch.export.save(program, str(tmp_path / "shrink.pt2"))
-    settings = ModelSettings.model_validate({
-        "name": "shrink",
-        "implementation": "runtime.torch.TorchModel",
-        "continuous_batching": True,
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, -1]}],
-        "parameters": {"uri": str(tmp_path / "shrink.pt2"), "extra": {"feedback": {"x": "y"}, "max_steps": 3}},
-    })
+    settings = ModelSettings.model_validate(
+        {
+            "name": "shrink",
+            "implementation": "runtime.torch.TorchModel",
+            "continuous_batching": True,
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, -1]}],
+            "parameters": {
+                "uri": str(tmp_path / "shrink.pt2"),
+                "extra": {"feedback": {"x": "y"}, "max_steps": 3},
+            },
+        }
+    )
     await inprocess.load(settings)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     async with inprocess.client() as client:

@@ -40,7 +40,9 @@ async def run(client: httpx.AsyncClient, name: str, values: list[int], headers: 
         sums.append(document["outputs"][0]["data"][0])
         ended = document["parameters"].get("sequence_end", False)
     after = await client.post(PATH, json={**tensor(1), "parameters": {"sequence_id": name}})
-    return f"{name}: {values} -> {sums} ended={ended}; afterwards: {after.status_code} {after.json()['error']}"
+    return (
+        f"{name}: {values} -> {sums} ended={ended}; afterwards: {after.status_code} {after.json()['error']}"
+    )
 
 
 async def main() -> None:

@@ -38,7 +38,12 @@ def run(client: grpcclient.InferenceServerClient, sequence: int | str, values: l
 
 
 def main() -> None:
-    plans: dict[int | str, list[int]] = {1: [1, 2, 3, 0], 2: [10, 20, 0], "three": [5, 5, 5, 5, 0], "four": [7, 0]}
+    plans: dict[int | str, list[int]] = {
+        1: [1, 2, 3, 0],
+        2: [10, 20, 0],
+        "three": [5, 5, 5, 5, 0],
+        "four": [7, 0],
+    }
     client = grpcclient.InferenceServerClient(ADDRESS)
     try:
         with ThreadPoolExecutor(len(plans)) as pool:

@@ -85,7 +85,9 @@ def grpc_stream(address: str, sequences: int, chunks: int) -> list[tuple[str, li
         for response in call(requests()):
             if "error" in response.parameters:
                 raise RuntimeError(f"{response.id}: {response.parameters['error'].string_param}")
-            logits = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(response.outputs[0].shape)
+            logits = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(
+                response.outputs[0].shape
+            )
             best[response.id.split("/")[0]].append(int(logits[-1].argmax()))
     return list(best.items())
 
@@ -93,7 +95,9 @@ def grpc_stream(address: str, sequences: int, chunks: int) -> list[tuple[str, li
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("url", nargs="?", default="http://127.0.0.1:8080")
-    parser.add_argument("--grpc", metavar="HOST:PORT", help="use one gRPC stream at this address instead of REST")
+    parser.add_argument(
+        "--grpc", metavar="HOST:PORT", help="use one gRPC stream at this address instead of REST"
+    )
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--chunks", type=int, default=5)
     args = parser.parse_args()
@@ -102,7 +106,9 @@ async def main() -> None:
         results = await asyncio.to_thread(grpc_stream, args.grpc, args.sequences, args.chunks)
         for name, best in results:
             print(f"{name}: best class of each chunk's last frame {best}")
-        print(f"{args.sequences * args.chunks} chunks in {time.perf_counter() - began:.2f} s over one gRPC stream")
+        print(
+            f"{args.sequences * args.chunks} chunks in {time.perf_counter() - began:.2f} s over one gRPC stream"
+        )
         return
     async with httpx.AsyncClient(base_url=args.url, timeout=60) as client:
         results = await asyncio.gather(*(utterance(client, n, args.chunks) for n in range(args.sequences)))

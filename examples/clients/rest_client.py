@@ -17,7 +17,9 @@ def main() -> None:
         print("server:", client.get("/v2").json())
 
         x = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
-        request = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        request = {
+            "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]
+        }
         response = client.post("/v2/models/scaler/infer", json=request)
         response.raise_for_status()
         out = response.json()["outputs"][0]

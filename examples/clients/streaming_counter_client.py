@@ -31,7 +31,10 @@ METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def body(x: int, **parameters: Any) -> dict[str, Any]:
-    return {"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}], "parameters": parameters}
+    return {
+        "inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],
+        "parameters": parameters,
+    }
 
 
 def _line(label: str, document: dict[str, Any]) -> tuple[str, int, str | None]:
@@ -54,9 +57,15 @@ async def _over_rest(url: str, sequence_id: str) -> list[tuple[str, int, str | N
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
 
         async def send(label: str, x: int) -> None:  # a unary request of the sequence, meanwhile
-            log.append(_line(label, (await client.post(infer, json=body(x), headers=header)).raise_for_status().json()))
+            log.append(
+                _line(
+                    label, (await client.post(infer, json=body(x), headers=header)).raise_for_status().json()
+                )
+            )
 
-        started = await client.post(infer, json=body(2), headers={**header, "ts_request_sequence_start": "true"})
+        started = await client.post(
+            infer, json=body(2), headers={**header, "ts_request_sequence_start": "true"}
+        )
         log.append(_line("start x=2", started.raise_for_status().json()))
         side = []
         async with aconnect_sse(client, "POST", stream, json=body(5), headers=header) as source:
@@ -72,7 +81,9 @@ async def _over_rest(url: str, sequence_id: str) -> list[tuple[str, int, str | N
                     side.append(asyncio.create_task(send("cancel x=-1", -1)))
         await asyncio.gather(*side)
         ended = (await client.post(infer, json=body(0), headers=header)).raise_for_status()
-        log.append(_line(f"end x=0 (sequence_end={ended.headers.get('ts_request_sequence_end')})", ended.json()))
+        log.append(
+            _line(f"end x=0 (sequence_end={ended.headers.get('ts_request_sequence_end')})", ended.json())
+        )
     return log
 
 
@@ -95,7 +106,13 @@ def over_grpc(address: str, sequence_id: str | None = None) -> list[tuple[str, i
         while (item := outbox.get()) is not None:
             yield item
 
-    labels = {"start": "start x=2", "stream": "stream x=5", "update": "update x=4", "cancel": "cancel x=-1", "end": "end x=0"}
+    labels = {
+        "start": "start x=2",
+        "stream": "stream x=5",
+        "update": "update x=4",
+        "cancel": "cancel x=-1",
+        "end": "end x=0",
+    }
     log = []
     with grpc.insecure_channel(address) as channel:
         call = channel.stream_stream(
@@ -109,7 +126,11 @@ def over_grpc(address: str, sequence_id: str | None = None) -> list[tuple[str, i
         for response in call(requests(), timeout=30):
             if "error" in response.parameters:
                 raise RuntimeError(response.parameters["error"].string_param)
-            finish = response.parameters["finish_reason"].string_param if "finish_reason" in response.parameters else None
+            finish = (
+                response.parameters["finish_reason"].string_param
+                if "finish_reason" in response.parameters
+                else None
+            )
             log.append((labels[response.id], response.outputs[0].contents.int64_contents[0], finish))
             if response.id == "stream":
                 streamed += 1
@@ -124,7 +145,9 @@ def over_grpc(address: str, sequence_id: str | None = None) -> list[tuple[str, i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--grpc", default="127.0.0.1:8081", help="gRPC address ('' to skip)")
     args = parser.parse_args()

@@ -46,7 +46,9 @@ def body(prompt: str, max_tokens: int) -> dict[str, Any]:
 async def stream(client: httpx.AsyncClient, run: Run, max_tokens: int, delay: float, origin: float) -> Run:
     await asyncio.sleep(delay)
     run.started = time.monotonic() - origin
-    async with aconnect_sse(client, "POST", "/v2/models/textgen/infer_stream", json=body(run.prompt, max_tokens)) as source:
+    async with aconnect_sse(
+        client, "POST", "/v2/models/textgen/infer_stream", json=body(run.prompt, max_tokens)
+    ) as source:
         if source.response.status_code != 200:
             await source.response.aread()
             raise RuntimeError(source.response.json()["error"])
@@ -67,12 +69,17 @@ async def staggered(url: str, streams: int, every: float, tokens: int) -> list[R
     limits = httpx.Limits(max_connections=streams)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         return await asyncio.gather(
-            *(stream(client, run, tokens + tokens // 2 * (i % 3), i * every, origin) for i, run in enumerate(runs))
+            *(
+                stream(client, run, tokens + tokens // 2 * (i % 3), i * every, origin)
+                for i, run in enumerate(runs)
+            )
         )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--streams", type=int, default=5)
     parser.add_argument("--every", type=float, default=0.1, help="seconds between two streams' starts")

@@ -111,7 +111,9 @@ def build(root: Path = MODELS) -> dict[str, Path]:
         torch.save(mlp().state_dict(), written["mlp-state-dict"])
 
         torch.jit.save(torch.jit.script(lstm()), str(written["lstm-torchscript"]))
-        torch.jit.save(torch.jit.script(lstm()), str(written["lstm-sequence"]))  # served with sequence batching
+        torch.jit.save(
+            torch.jit.script(lstm()), str(written["lstm-sequence"])
+        )  # served with sequence batching
         dynamic = {"x": {0: batch}, "h0": {0: batch}, "c0": {0: batch}}
         program = torch.export.export(lstm(), lstm_inputs(), dynamic_shapes=dynamic)
         torch.export.save(program, str(written["lstm-export"]))

@@ -79,9 +79,7 @@ class InferenceServicer:
         return server_metadata_to_proto(self.dataplane.metadata())
 
     @guarded
-    async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: Any
-    ) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         meta = await self.dataplane.model_metadata(request.name, request.version or None)
         return model_metadata_to_proto(meta)
 

@@ -129,7 +129,9 @@ class RestApi:
     ) -> InferenceRequest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.max_request_size)
-        inference_request = self.parse_inference_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        inference_request = self.parse_inference_request(
+            body, request.headers.get(HEADER_LENGTH), name, version
+        )
         read_sequence_headers(inference_request, request.scope["headers"])
         return inference_request
 
@@ -184,7 +186,10 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
 
     api = RestApi(dataplane)
     return Starlette(
-        routes=api.routes() + StreamingApi(api).routes() + repository_routes(dataplane) + (extra_routes or []),
+        routes=api.routes()
+        + StreamingApi(api).routes()
+        + repository_routes(dataplane)
+        + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,
             HTTPException: _http_error,

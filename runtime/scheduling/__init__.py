@@ -46,7 +46,8 @@ def _answers_alone(model: MLModel) -> bool:
     """Whether a model answers requests without stepping (it implements predict or predict_stream)."""
     cls = type(model)
     return cls.predict_stream is not MLModel.predict_stream or cls.predict not in (
-        MLModel.predict, SequenceModel.predict,
+        MLModel.predict,
+        SequenceModel.predict,
     )
 
 

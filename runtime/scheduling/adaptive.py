@@ -255,7 +255,9 @@ class AdaptiveScheduler(Scheduler):
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))
 
-    async def _predict(self, batch_id: int, callers: list[Waiter[InferenceResponse]]) -> list[InferenceResponse]:
+    async def _predict(
+        self, batch_id: int, callers: list[Waiter[InferenceResponse]]
+    ) -> list[InferenceResponse]:
         first = callers[0]
         if isinstance(first, _Caller) and first.alone:
             response = await self.model.predict(first.request)

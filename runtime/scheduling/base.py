@@ -45,7 +45,9 @@ class Scheduler(abc.ABC):
         """Serve one request and return its own response."""
 
     @abc.abstractmethod
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    def stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
         """Serve a stream of requests; cancelling the iteration must stop the model's work.
 
         Raising ends the stream (the failure is reported for the latest request taken); yielding

@@ -170,7 +170,9 @@ async def serve_stream(
             await asyncio.gather(reader, return_exceptions=True)
 
 
-async def _read(scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
+async def _read(
+    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call
+) -> None:
     try:
         async for request in requests:
             await call.wait_for_room(call.taken)

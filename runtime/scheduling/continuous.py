@@ -132,7 +132,9 @@ class ContinuousScheduler(Scheduler):
             return
         self._closing = True  # refuse work rather than queue it forever
         if not task.cancelled():  # it ended by itself: a bug (cancelled: the event loop is closing)
-            logger.error("Continuous batching of model %r stopped unexpectedly: %r", self.name, task.exception())
+            logger.error(
+                "Continuous batching of model %r stopped unexpectedly: %r", self.name, task.exception()
+            )
 
     async def stop(self) -> None:
         """Take no new streams; let the running and waiting ones finish, then end."""
@@ -166,7 +168,9 @@ class ContinuousScheduler(Scheduler):
             self.leave(entry)
             call.items.clear()
 
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    def stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
         return serve_stream(self, requests)
 
     def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
@@ -240,7 +244,9 @@ class ContinuousScheduler(Scheduler):
             return
         for other in self.sequences.cancel(entry):
             if not other.ended and not other.gone:
-                other.call.push((ERROR, other, RequestFailed(self.sequences.cancelled_error(other), other.stream.id)))
+                other.call.push(
+                    (ERROR, other, RequestFailed(self.sequences.cancelled_error(other), other.stream.id))
+                )
                 other.gone = True
         self.wake()
 
@@ -280,7 +286,9 @@ class ContinuousScheduler(Scheduler):
                     try:
                         await self.stepping.end_stream(entry.stream, "unload")
                     except BaseException:
-                        logger.debug("end_stream of a cut stream of model %r failed", self.name, exc_info=True)
+                        logger.debug(
+                            "end_stream of a cut stream of model %r failed", self.name, exc_info=True
+                        )
 
     async def _drop_gone(self) -> None:
         for entry in [e for e in self._running if e.gone]:
@@ -341,14 +349,19 @@ class ContinuousScheduler(Scheduler):
         try:
             results = list(await self._call_step(streams))
             if len(results) != size:
-                raise ModelFailed(f"Model {self.name!r} returned {len(results)} step results for {size} streams")
+                raise ModelFailed(
+                    f"Model {self.name!r} returned {len(results)} step results for {size} streams"
+                )
         except Exception as exc:
             if size == 1:
                 results = [StepResult(error=exc)]
             else:
                 logger.warning(
                     "Model %r failed a step of %d streams (%s: %s); running each of them alone",
-                    self.name, size, type(exc).__name__, exc,
+                    self.name,
+                    size,
+                    type(exc).__name__,
+                    exc,
                 )
                 for entry in active:
                     if entry in self._running and not entry.gone:
@@ -363,9 +376,11 @@ class ContinuousScheduler(Scheduler):
                 continue  # its caller went away during the step
             entry.last = (size, step_id)
             if not isinstance(result, StepResult):
-                result = StepResult(error=ModelFailed(
-                    f"Model {self.name!r} returned a {type(result).__name__} from step, not a StepResult"
-                ))
+                result = StepResult(
+                    error=ModelFailed(
+                        f"Model {self.name!r} returned a {type(result).__name__} from step, not a StepResult"
+                    )
+                )
             if result.error is not None:
                 self._fail(entry, result.error)
                 leaving.append((entry, "failed"))
@@ -382,9 +397,12 @@ class ContinuousScheduler(Scheduler):
 
     def _deliver(self, entry: Entry, response: InferenceResponse, last: bool) -> bool:
         if not isinstance(response, InferenceResponse):
-            self._fail(entry, ModelFailed(
-                f"Model {self.name!r} returned a {type(response).__name__} as a chunk, not an InferenceResponse"
-            ))
+            self._fail(
+                entry,
+                ModelFailed(
+                    f"Model {self.name!r} returned a {type(response).__name__} as a chunk, not an InferenceResponse"
+                ),
+            )
             return False
         stamp(response, entry, last)
         if entry.collect:

@@ -61,7 +61,10 @@ class SequenceScheduler(Scheduler, TimerRules):
             )
         self.seq_model: SequenceModel = model
         self.sequences = Sequences(
-            settings.name, settings.max_sequences, settings.max_sequence_queue_size, settings.sequence_ended_memory
+            settings.name,
+            settings.max_sequences,
+            settings.max_sequence_queue_size,
+            settings.sequence_ended_memory,
         )
         self.store = store or LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
         self.max_batch = max(1, settings.max_batch_size)
@@ -153,7 +156,9 @@ class SequenceScheduler(Scheduler, TimerRules):
 
         return done
 
-    def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    def stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
         return serve_stream(self, requests)
 
     # ------------------------------------------------------------------ the ready heap
@@ -238,7 +243,13 @@ class SequenceScheduler(Scheduler, TimerRules):
         keys = [p.control.key for p in batch if not p.control.start]
         loaded = iter(await self.store.load(keys)) if keys else iter(())
         steps = [
-            SequenceStep(p.request, p.control.key, p.control.start, p.control.end, None if p.control.start else next(loaded))
+            SequenceStep(
+                p.request,
+                p.control.key,
+                p.control.start,
+                p.control.end,
+                None if p.control.start else next(loaded),
+            )
             for p in batch
         ]
         for pending in batch:
@@ -263,8 +274,15 @@ class SequenceScheduler(Scheduler, TimerRules):
         # batch rather than leave a sequence to go on from a stale state), then tell the model of
         # the sequences that ended: END is served first, then the model is told
         ok = [isinstance(result, InferenceResponse) for result in results]
-        ends = [step.ends if good else pending.control.end for pending, step, good in zip(batch, steps, ok, strict=True)]
-        keep = [(step.sequence_id, step.state) for step, good, ended in zip(steps, ok, ends, strict=True) if good and not ended]
+        ends = [
+            step.ends if good else pending.control.end
+            for pending, step, good in zip(batch, steps, ok, strict=True)
+        ]
+        keep = [
+            (step.sequence_id, step.state)
+            for step, good, ended in zip(steps, ok, ends, strict=True)
+            if good and not ended
+        ]
         evicted = await self.store.save(keep) if keep else []
         for pending, result, ended in zip(batch, results, ends, strict=True):
             if pending.future.done():

@@ -75,7 +75,10 @@ class StreamSequences(TimerRules):
         self.model = model
         self.name = settings.name
         self.sequences = Sequences(
-            settings.name, settings.max_sequences, settings.max_sequence_queue_size, settings.sequence_ended_memory
+            settings.name,
+            settings.max_sequences,
+            settings.max_sequence_queue_size,
+            settings.sequence_ended_memory,
         )
         self.store = store or LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
         self.idle_s = settings.max_sequence_idle_ms / 1000

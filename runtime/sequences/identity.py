@@ -128,7 +128,11 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         if name not in extra or extra[name] is None:
             setattr(request.parameters, name, value)
             continue
-        same = str(_id(extra[name])) == str(_id(value)) if name == ID else _flag(extra[name], name) == _flag(value, name)
+        same = (
+            str(_id(extra[name])) == str(_id(value))
+            if name == ID
+            else _flag(extra[name], name) == _flag(value, name)
+        )
         if not same:
             raise SequenceError(
                 f"The request's parameters say {name}={extra[name]!r} but its headers say {value!r}"

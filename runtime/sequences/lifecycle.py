@@ -177,7 +177,9 @@ class Sequences:
                     "which cancels the sequence"
                 )
             else:
-                error = SequenceError(ended_message(pending.control.echo, reason) + " (before this request ran)")
+                error = SequenceError(
+                    ended_message(pending.control.echo, reason) + " (before this request ran)"
+                )
             if not pending.future.done():
                 pending.future.set_exception(error)
         if seq.queue or seq.running is not None:

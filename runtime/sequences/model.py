@@ -50,7 +50,9 @@ class SequenceStep:
 
     __slots__ = ("_end", "end", "request", "sequence_id", "start", "state")
 
-    def __init__(self, request: InferenceRequest, sequence_id: str, start: bool, end: bool, state: Any) -> None:
+    def __init__(
+        self, request: InferenceRequest, sequence_id: str, start: bool, end: bool, state: Any
+    ) -> None:
         self.request = request
         """The request, with every input's data already a numpy array."""
         self.sequence_id = sequence_id

@@ -119,7 +119,9 @@ class TorchModel(ContinuousModel, SequenceModel):
 
     # ------------------------------------------------------------------ sequence batching
 
-    async def predict_sequences(self, steps: list[SequenceStep]) -> Sequence[InferenceResponse | BaseException]:
+    async def predict_sequences(
+        self, steps: list[SequenceStep]
+    ) -> Sequence[InferenceResponse | BaseException]:
         if self._recurrence is None:
             raise ModelNotReady(f"Model {self.name!r} is not loaded for sequence batching")
         return await predict_sequences(self, self._recurrence, steps)
@@ -155,7 +157,9 @@ class TorchModel(ContinuousModel, SequenceModel):
         why = program.mismatch(shape)
         return None if why is None else f"the exported program takes {program}: {why}"
 
-    def request_arrays(self, payload: InferenceRequest, may_omit: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    def request_arrays(
+        self, payload: InferenceRequest, may_omit: frozenset[str] = frozenset()
+    ) -> dict[str, np.ndarray]:
         """The request's inputs as arrays by name, checked against the declared inputs; only the
         inputs in ``may_omit`` may be missing."""
         arrays: dict[str, np.ndarray] = {}

@@ -87,7 +87,7 @@ def read_recurrence(settings: ModelSettings, options: TorchSettings) -> Recurren
         )
     if state and not (settings.sequence_batching or continuous):
         raise ValueError(
-            "parameters.extra.sequence_state is used with \"sequence_batching\": true or "
+            'parameters.extra.sequence_state is used with "sequence_batching": true or '
             '"continuous_batching": true, and this model\'s settings set neither'
         )
     _check_state(state, inputs, outputs)
@@ -136,7 +136,9 @@ def _check_state(mapping: dict[str, str], inputs: dict[str, Any], outputs: dict[
         raise ValueError("every declared input is a state input; at least one must come from the client")
 
 
-def _check_mapping(key: str, mapping: dict[str, str], inputs: dict[str, Any], outputs: dict[str, Any]) -> list[str]:
+def _check_mapping(
+    key: str, mapping: dict[str, str], inputs: dict[str, Any], outputs: dict[str, Any]
+) -> list[str]:
     """The inputs of ``mapping`` (input -> output), each checked to be declared, to map to a
     declared output, and to share its datatype."""
     for name, output in mapping.items():

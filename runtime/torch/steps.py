@@ -161,7 +161,9 @@ class Steps:
                 outputs.append(out)
                 continue
             data = np.stack([_array_of(chunk, out.name) for chunk in chunks], axis=1)
-            outputs.append(ResponseOutput(name=out.name, shape=list(data.shape), datatype=out.datatype, data=data))
+            outputs.append(
+                ResponseOutput(name=out.name, shape=list(data.shape), datatype=out.datatype, data=data)
+            )
         return last.model_copy(update={"outputs": outputs})  # the last chunk's id and parameters
 
 
@@ -180,5 +182,7 @@ def _limit(request: InferenceRequest, max_steps: int) -> int:
     if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
         raise InvalidInput(f"Parameter 'max_tokens' must be a positive integer, got {wanted!r}")
     if wanted > max_steps:
-        raise InvalidInput(f"Parameter 'max_tokens' is {wanted}, more than this model's max_steps ({max_steps})")
+        raise InvalidInput(
+            f"Parameter 'max_tokens' is {wanted}, more than this model's max_steps ({max_steps})"
+        )
     return wanted

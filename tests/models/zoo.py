@@ -18,7 +18,8 @@ class Echo(MLModel):
             model_name=self.name,
             parameters=payload.parameters,
             outputs=[
-                ResponseOutput(name=i.name, shape=i.shape, datatype=i.datatype, data=i.data) for i in payload.inputs
+                ResponseOutput(name=i.name, shape=i.shape, datatype=i.datatype, data=i.data)
+                for i in payload.inputs
             ],
         )
 
@@ -49,7 +50,9 @@ class Slow(MLModel):
         seconds = float(NumpyCodec.decode_input(payload.inputs[0]).reshape(-1)[0])
         logging.getLogger("runtime.tests.slow").warning("slow model holds a request for %s s", seconds)
         await asyncio.sleep(seconds)
-        return InferenceResponse(model_name=self.name, outputs=[NumpyCodec.encode_output("slept", np.array([seconds]))])
+        return InferenceResponse(
+            model_name=self.name, outputs=[NumpyCodec.encode_output("slept", np.array([seconds]))]
+        )
 
 
 class Summer(MLModel):

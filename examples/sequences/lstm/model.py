@@ -53,7 +53,10 @@ class StreamingLSTM(SequenceModel):
         # count set elsewhere does not carry over to other threads)
         threads = int(extra.get("torch_threads", torch.get_num_threads()))
         self.executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"model-{self.name}", initializer=torch.set_num_threads, initargs=(threads,)
+            max_workers=1,
+            thread_name_prefix=f"model-{self.name}",
+            initializer=torch.set_num_threads,
+            initargs=(threads,),
         )
         return True
 
@@ -70,7 +73,9 @@ class StreamingLSTM(SequenceModel):
         for i, step in enumerate(steps):
             frames = step.request.inputs[0].data
             if frames.ndim != 2 or frames.shape[1] != self.features or frames.shape[0] == 0:
-                results[i] = InvalidInput(f"frames must be FP32 [T >= 1, {self.features}], got {list(frames.shape)}")
+                results[i] = InvalidInput(
+                    f"frames must be FP32 [T >= 1, {self.features}], got {list(frames.shape)}"
+                )
                 continue
             groups[frames.shape[0]].append(i)
         with torch.inference_mode():
@@ -79,7 +84,9 @@ class StreamingLSTM(SequenceModel):
         return results
 
     def _run_group(self, steps: list[SequenceStep], indexes: list[int], results: list[Any]) -> None:
-        x = torch.from_numpy(np.stack([np.asarray(s.request.inputs[0].data, dtype=np.float32) for s in steps]))
+        x = torch.from_numpy(
+            np.stack([np.asarray(s.request.inputs[0].data, dtype=np.float32) for s in steps])
+        )
         zeros = torch.zeros(self.layers, self.hidden)
         h0 = torch.stack([s.state[0] if s.state is not None else zeros for s in steps], dim=1)
         c0 = torch.stack([s.state[1] if s.state is not None else zeros for s in steps], dim=1)

@@ -222,7 +222,9 @@ class TextGenerator(ContinuousModel):
         for g, choice, logprob in zip(generations, choices, chosen, strict=True):
             g.history.append(choice)
             special = choice == self.eos
-            tokens.append(Token(id=choice, text="" if special else self.chars[choice], logprob=logprob, special=special))
+            tokens.append(
+                Token(id=choice, text="" if special else self.chars[choice], logprob=logprob, special=special)
+            )
         return tokens
 
     @staticmethod
@@ -250,7 +252,10 @@ class TextGenerator(ContinuousModel):
         """The whole text at once (a unary request)."""
         parameters: dict[str, Any] = {"finish_reason": finish}
         if g.options.details:
-            parameters["details"] = {"finish_reason": finish, "logprobs": [_token_details(t) for t in g.tokens]}
+            parameters["details"] = {
+                "finish_reason": finish,
+                "logprobs": [_token_details(t) for t in g.tokens],
+            }
         return self._response(g.text, parameters)
 
     def _response(self, text: str, parameters: dict[str, Any]) -> InferenceResponse:

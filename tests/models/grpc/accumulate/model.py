@@ -10,7 +10,9 @@ from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 
 class Accumulate(MLModel):
-    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         total, count = 0.0, 0
         async for payload in payloads:
             total += float(np.sum(payload.inputs[0].data))

@@ -38,7 +38,11 @@ class Mirror(MLModel):
             parameters=parameters,
             outputs=[
                 ResponseOutput(
-                    name=inp.name, shape=inp.shape, datatype=inp.datatype, parameters=inp.parameters, data=inp.data
+                    name=inp.name,
+                    shape=inp.shape,
+                    datatype=inp.datatype,
+                    parameters=inp.parameters,
+                    data=inp.data,
                 )
                 for inp in payload.inputs
             ],

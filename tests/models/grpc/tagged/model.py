@@ -16,5 +16,9 @@ class Tagged(MLModel):
         return InferenceResponse(
             model_name=self.name,
             parameters=Parameters(tag=self.tag),
-            outputs=[ResponseOutput(name="tag", shape=[1], datatype="BYTES", data=np.array([self.tag.encode()], dtype=object))],
+            outputs=[
+                ResponseOutput(
+                    name="tag", shape=[1], datatype="BYTES", data=np.array([self.tag.encode()], dtype=object)
+                )
+            ],
         )
