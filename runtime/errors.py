@@ -12,6 +12,7 @@ its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/erro
     │   ├── ModelNotReady     the model exists but is not ready (loading, failed)
     │   ├── Overloaded        a queue or a capacity limit is full
     │   ├── QueueTimeout      the request waited longer than its timeout
+    │   ├── WorkerLost        the worker process serving it died
     │   └── ShuttingDown      the server is draining
     ├── ModelFailed           the model raised; the cause is chained                500 / INTERNAL
     └── Cancelled             the caller went away or cancelled                     499 / CANCELLED
@@ -74,6 +75,11 @@ class QueueTimeout(Unavailable):
     """The request waited in a queue for longer than its timeout allowed."""
 
 
+class WorkerLost(Unavailable):
+    """The worker process serving the request died (killed, crashed, out of memory) before it
+    answered; the worker is restarted, and trying again may succeed."""
+
+
 class ShuttingDown(Unavailable):
     """The server is draining and takes no new work."""
 
@@ -99,4 +105,5 @@ __all__ = [
     "ServerError",
     "ShuttingDown",
     "Unavailable",
+    "WorkerLost",
 ]

@@ -1,0 +1,13 @@
+"""Worker processes: a model served by N processes, each with its own copy of it.
+
+``WorkerExecutor`` plugs in behind the executor seam of the schedulers; ``WorkerPool`` supervises
+the processes (restart, least-busy dispatch, sequence affinity, scaling, drain); the wire format
+is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``protocol`` (the messages).
+"""
+
+from .executor import WorkerExecutor
+from .pool import WorkerPool
+from .process import WorkerProcess
+from .protocol import HeldState
+
+__all__ = ["HeldState", "WorkerExecutor", "WorkerPool", "WorkerProcess"]

@@ -1,0 +1,327 @@
+"""The worker process: one copy of one model, serving what its server sends over a socket.
+
+Started by the server as ``python -m runtime.workers FD`` with one end of a socket pair as file
+descriptor FD. It loads the model from the settings it is sent, answers ``ready`` (or ``failed``
+and exits 1), then serves calls, streams and sequence steps, each as a task of its own, so that a
+stream or a slow call never holds up the others, and cancellation reaches the model's code.
+A plain ``def predict`` runs on the model's own threads, as in the server process.
+
+Sequence states live here: ``seq`` steps get the state the previous step of their sequence left,
+and ``seq_end`` drops it (and calls the model's ``sequence_ended``). The server keeps only a
+:class:`~.protocol.HeldState` that says which worker holds it.
+
+The worker exits when its server's end of the socket closes (the server died or gave it up), and
+ignores SIGINT: the server decides when its workers stop (``stop``: unload, then exit 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from typing import Any
+
+from ..model import MLModel
+from ..repository import import_model_class
+from ..sequences.model import SequenceModel, SequenceStep
+from ..settings import ModelSettings
+from ..types import InferenceRequest, InferenceResponse
+from .connection import Connection
+from .protocol import ACK_EVERY, WINDOW, portable
+
+logger = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _Inbox:
+    """The requests of one stream that arrived and the model has not taken yet (at most WINDOW)."""
+
+    __slots__ = ("items", "waker")
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self.waker: asyncio.Future[None] | None = None
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if self.waker is not None and not self.waker.done():
+            self.waker.set_result(None)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        return self.items.popleft()
+
+
+class _Credit:
+    """How many more chunks of a stream may be sent before the server acknowledges some."""
+
+    __slots__ = ("left", "waker")
+
+    def __init__(self) -> None:
+        self.left = WINDOW
+        self.waker: asyncio.Future[None] | None = None
+
+    def give(self, n: int) -> None:
+        self.left += n
+        if self.waker is not None and not self.waker.done():
+            self.waker.set_result(None)
+
+    async def take(self) -> None:
+        while self.left <= 0:
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        self.left -= 1
+
+
+class Worker:
+    """Serves one model over one connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.conn = Connection(self._on_message, self._on_lost)
+        self.model: MLModel | None = None
+        self.settings: ModelSettings | None = None
+        self.states: dict[str, Any] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.inboxes: dict[int, _Inbox] = {}
+        self.credits: dict[int, _Credit] = {}
+        self.pool: ThreadPoolExecutor | None = None
+        self.blocking = False
+        self.done: asyncio.Future[int] | None = None
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.done = loop.create_future()
+        await loop.connect_accepted_socket(lambda: self.conn, self.sock)
+        return await self.done
+
+    # ------------------------------------------------------------------ messages
+
+    def _on_lost(self) -> None:
+        # the server is gone: nobody is left to answer
+        if self.done is not None and not self.done.done():
+            self.done.set_result(0)
+
+    def _on_message(self, message: tuple[str, int, Any]) -> None:
+        kind, ident, payload = message
+        if kind == "item":
+            self.inboxes[ident].put(payload)
+        elif kind == "ack":
+            credit = self.credits.get(ident)
+            if credit is not None:
+                credit.give(payload)
+        elif kind == "close_in":
+            self.inboxes[ident].put(_END)
+        elif kind == "cancel":
+            task = self.tasks.get(ident)
+            if task is not None:
+                task.cancel()
+        elif kind == "call":
+            self._spawn(ident, self._call(ident, payload))
+        elif kind == "open":
+            self.inboxes[ident] = _Inbox()
+            self.credits[ident] = _Credit()
+            self._spawn(ident, self._stream(ident))
+        elif kind == "seq":
+            self._spawn(ident, self._sequences(ident, payload))
+        elif kind == "seq_end":
+            self._spawn(ident, self._sequence_ended(ident, *payload))
+        elif kind == "init":
+            self._spawn(0, self._init(*payload))
+        elif kind == "stop":
+            self._spawn(0, self._stop())
+
+    def _spawn(self, ident: int, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        if ident:
+            self.tasks[ident] = task
+            task.add_done_callback(lambda _: self._forget(ident, task))
+        else:
+            self.tasks[-id(task)] = task
+            task.add_done_callback(lambda _: self.tasks.pop(-id(task), None))
+
+    def _forget(self, ident: int, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # perhaps before it even began: its final message is still owed
+            self._send(("gone", ident, None))
+        self.tasks.pop(ident, None)
+        self.inboxes.pop(ident, None)
+        self.credits.pop(ident, None)
+
+    def _send(self, message: tuple[str, int, Any]) -> None:
+        if not self.conn.closed:
+            self.conn.send(message)
+
+    def _fail(self, ident: int, exc: BaseException) -> None:
+        self._send(("err", ident, portable(exc)))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _init(self, path: list[str], blob: bytes, worker_id: int) -> None:
+        for entry in reversed(path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        try:
+            settings: ModelSettings = pickle.loads(blob)
+            cls = import_model_class(settings)
+            if not issubclass(cls, MLModel):
+                raise TypeError(f"{cls.__qualname__} is not a subclass of runtime.MLModel")
+            model = cls(settings)
+            if await model.load() is False:
+                raise RuntimeError("load() returned False")
+            model.ready = True
+        except Exception as exc:
+            logger.exception("Worker %d of model failed to load", worker_id)
+            self._send(("failed", 0, f"{type(exc).__name__}: {exc}"))
+            await self.conn.drain()
+            assert self.done is not None
+            self.done.set_result(1)
+            return
+        self.model, self.settings = model, settings
+        self.blocking = not inspect.iscoroutinefunction(model.predict)
+        self._send(("ready", 0, os.getpid()))
+
+    async def _stop(self) -> None:
+        others = [t for t in self.tasks.values() if t is not asyncio.current_task()]
+        await asyncio.gather(*others, return_exceptions=True)
+        if self.model is not None:
+            self.model.ready = False
+            try:
+                await self.model.unload()
+            except Exception:
+                logger.exception("Model %r failed to unload in its worker", self.model.name)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        self._send(("stopped", 0, None))
+        await self.conn.drain()
+        assert self.done is not None
+        if not self.done.done():
+            self.done.set_result(0)
+
+    # ------------------------------------------------------------------ calling the model
+
+    async def _predict(self, request: InferenceRequest) -> InferenceResponse:
+        model = self.model
+        assert model is not None and self.settings is not None
+        if not self.blocking:
+            return await model.predict(request)
+        if self.pool is None:
+            threads = getattr(self.settings, "predict_threads", 1)
+            self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"predict-{model.name}")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, model.predict, request)  # type: ignore[arg-type]
+
+    def _open(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        model = self.model
+        assert model is not None
+        if type(model).predict_stream is not MLModel.predict_stream or not self.blocking:
+            return model.predict_stream(requests)
+        return self._each(requests)
+
+    async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        async for request in requests:
+            yield await self._predict(request)
+
+    async def _call(self, ident: int, request: InferenceRequest) -> None:
+        try:
+            response = await self._predict(request)
+        except Exception as exc:
+            self._fail(ident, exc)
+            return
+        self._send(("ok", ident, response))
+
+    async def _requests(self, ident: int, inbox: _Inbox) -> AsyncIterator[InferenceRequest]:
+        taken = 0
+        while True:
+            item = await inbox.get()
+            if item is _END:
+                return
+            taken += 1
+            if taken % ACK_EVERY == 0:
+                self._send(("ack", ident, ACK_EVERY))
+            yield item
+
+    async def _stream(self, ident: int) -> None:
+        inbox, credit = self.inboxes[ident], self.credits[ident]
+        try:
+            async with aclosing(self._open(self._requests(ident, inbox))) as responses:  # type: ignore[type-var]
+                async for response in responses:
+                    await credit.take()
+                    self._send(("chunk", ident, response))
+        except Exception as exc:
+            self._fail(ident, exc)
+            return
+        self._send(("end", ident, None))
+
+    async def _sequences(self, ident: int, items: list[tuple[str, bool, bool, InferenceRequest]]) -> None:
+        model = self.model
+        assert isinstance(model, SequenceModel)
+        states = self.states
+        steps = [
+            SequenceStep(request, key, start, end, None if start else states.get(key))
+            for key, start, end, request in items
+        ]
+        try:
+            results = list(await model.predict_sequences(steps))
+            if len(results) != len(steps):
+                raise RuntimeError(
+                    f"predict_sequences returned {len(results)} results for {len(steps)} steps"
+                )
+        except Exception as exc:
+            self._fail(ident, exc)
+            return
+        answers: list[tuple[Any, bool]] = []
+        for step, result in zip(steps, results, strict=True):
+            if isinstance(result, BaseException):
+                answers.append((portable(result), False))
+            else:
+                states[step.sequence_id] = step.state
+                answers.append((result, step.ends))
+        self._send(("ok", ident, answers))
+
+    async def _sequence_ended(self, ident: int, key: str, reason: Any) -> None:
+        model = self.model
+        assert isinstance(model, SequenceModel)
+        state = self.states.pop(key, None)
+        try:
+            await model.sequence_ended(key, reason, state)
+        except Exception as exc:
+            self._fail(ident, exc)
+            return
+        self._send(("ok", ident, None))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=os.environ.get("MLSERVER_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it exists
+        runner = asyncio.run
+    code: int = runner(Worker(sock).run())
+    sys.stdout.flush()
+    os._exit(code)  # threads still inside a model's code must not hold the exit up
