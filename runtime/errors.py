@@ -6,7 +6,9 @@ its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/erro
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
     │   ├── SequenceError     unknown, ended or malformed sequence                  400 / INVALID_ARGUMENT
-    │   └── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
+    │   ├── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
+    │   ├── Conflict          (management) it exists already                        409 on the management API
+    │   └── Forbidden         (management) not allowed: a URL, the default version  403 on the management API
     ├── ModelNotFound         no model (or version) of that name                    404 / NOT_FOUND
     ├── Unavailable           the server cannot take this work now                  503 / UNAVAILABLE
     │   ├── ModelNotReady     the model exists but is not ready (loading, failed)
@@ -45,6 +47,15 @@ class SequenceError(InvalidInput):
 
 class PayloadTooLarge(InvalidInput):
     """The request body is larger than the server accepts."""
+
+
+class Conflict(InvalidInput):
+    """A management request would create what exists already (a model version registered twice)."""
+
+
+class Forbidden(InvalidInput):
+    """A management request that is not allowed (a URL outside ``allowed_urls``, removing the
+    default version while others remain)."""
 
 
 class ModelNotFound(ServerError):
@@ -94,6 +105,8 @@ class Cancelled(ServerError):
 
 __all__ = [
     "Cancelled",
+    "Conflict",
+    "Forbidden",
     "InvalidInput",
     "ModelFailed",
     "ModelNotFound",

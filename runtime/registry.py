@@ -14,12 +14,13 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from .errors import InvalidInput, ModelNotFound, ModelNotReady
+from .errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
 from .model import MLModel
 from .repository import import_model_class
 from .scheduling import Scheduler, make_scheduler
 from .settings import ModelSettings
 from .types import RepositoryIndexResponseItem, State
+from .workers import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Registry:
     def __init__(self) -> None:
         self._entries: dict[str, dict[str | None, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._defaults: dict[str, str | None] = {}
+        """Default versions chosen through the management API (``set_default``)."""
 
     # ------------------------------------------------------------------ lookups
 
@@ -81,7 +84,19 @@ class Registry:
             if entry is None:
                 raise ModelNotFound(name, version)
             return entry
+        chosen = self._defaults.get(name, "")
+        if chosen != "" and chosen in versions:
+            return versions[chosen]
         return self._default(versions)
+
+    def default_version(self, name: str) -> str | None:
+        """The version that requests naming no version go to."""
+        return self.find(name).version
+
+    def set_default(self, name: str, version: str) -> None:
+        """Make ``version`` the one that requests naming no version of ``name`` go to."""
+        self.find(name, version)  # raises ModelNotFound
+        self._defaults[name] = version
 
     @staticmethod
     def _default(versions: dict[str | None, ModelEntry]) -> ModelEntry:
@@ -171,6 +186,25 @@ class Registry:
         except Exception:
             logger.exception("Model %r (version %s) failed to unload", entry.name, entry.version)
 
+    async def scale(self, entry: ModelEntry, workers: int) -> None:
+        """Run ``entry``'s model in ``workers`` worker processes (0: in the server process).
+
+        A model already in workers scales in place: new workers start, or the idlest retire after
+        their work and their open sequences. Moving between the server process and workers
+        reloads the model (the registry swaps the new instance in once it is ready).
+        """
+        executor = getattr(entry.scheduler, "executor", None)
+        if workers >= 1 and isinstance(executor, WorkerExecutor):
+            await executor.scale(workers)
+            entry.settings.workers = workers
+            return
+        source = entry.settings._source
+        settings = entry.settings.model_copy(update={"workers": workers})
+        settings._source = source
+        reloaded = await self.load(settings)
+        if reloaded.state is State.UNAVAILABLE:
+            raise ModelFailed(f"Model {entry.name!r} could not be reloaded: {reloaded.reason}")
+
     async def unload(self, name: str, version: str | None = None) -> None:
         """Unload one version (or every version of ``name`` when version is None)."""
         async with self._lock(name):
@@ -183,6 +217,9 @@ class Registry:
                 await self._retire(entry)
             if not versions:
                 del self._entries[name]
+                self._defaults.pop(name, None)
+            elif self._defaults.get(name, "") not in versions:
+                self._defaults.pop(name, None)
             logger.info("Model %r unloaded", name)
 
     async def unload_all(self) -> None:
