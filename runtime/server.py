@@ -19,6 +19,7 @@ import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import GrpcServer
+from .management import Management, ManagementKey, create_management_app
 from .registry import Registry
 from .repository import read_repository
 from .rest.app import create_app
@@ -57,6 +58,11 @@ class Server:
         self._grpc: GrpcServer | None = None
         self._http: _Uvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self.management_port: int | None = None
+        self.management: Management | None = None
+        self._management_key: ManagementKey | None = None
+        self._management_http: _Uvicorn | None = None
+        self._management_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
@@ -92,22 +98,55 @@ class Server:
         logger.info("HTTP server listening on http://%s:%d", self.settings.host, self.http_port)
         self._grpc = GrpcServer(self.dataplane, self.settings)
         self.grpc_port = await self._grpc.start()
+        if self.settings.management_enabled:
+            await self._start_management()
         # What was loaded so far (frameworks, weights) lives until exit: move it out of the
         # collector's reach, so that full collections stay short on the serving path.
         gc.collect()
         gc.freeze()
         self.dataplane.started = True
 
-    async def _run_http(self, sock: socket.socket) -> None:
-        assert self._http is not None
-        await self._http.main_loop()
-        await self._http.shutdown(sockets=[sock])
+    async def _run_http(self, sock: socket.socket, server: _Uvicorn | None = None) -> None:
+        server = server or self._http
+        assert server is not None
+        await server.main_loop()
+        await server.shutdown(sockets=[sock])
+
+    async def _start_management(self) -> None:
+        """The management API on its own port, guarded by a key unless token auth is off."""
+        settings = self.settings
+        if settings.management_token_auth:
+            self._management_key = ManagementKey(settings.management_key_file)
+            self._management_key.write()
+        elif settings.management_host not in ("127.0.0.1", "localhost", "::1"):
+            logger.warning(
+                "The management API listens on %s without token authorization: anyone who reaches "
+                "it can register and run code",
+                settings.management_host,
+            )
+        self.management = Management(settings, self.registry)
+        app = create_management_app(self.management, self._management_key)
+        config = uvicorn.Config(
+            app, lifespan="off", log_config=None, access_log=False, loop="none", server_header=False
+        )
+        sock = bind(settings.management_host, settings.management_port)
+        self.management_port = sock.getsockname()[1]
+        self._management_http = _Uvicorn(config)
+        config.load()
+        self._management_http.lifespan = config.lifespan_class(config)
+        await self._management_http.startup(sockets=[sock])
+        self._management_task = asyncio.create_task(self._run_http(sock, self._management_http))
+        logger.info(
+            "Management API listening on http://%s:%d", settings.management_host, self.management_port
+        )
 
     def endpoints(self) -> str:
         """``http=HOST:PORT`` (and ``grpc=HOST:PORT`` when gRPC is served), space-separated."""
         endpoints = f"http={self.settings.host}:{self.http_port}"
         if self.grpc_port is not None:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        if self.management_port is not None:
+            endpoints += f" management={self.settings.management_host}:{self.management_port}"
         return endpoints
 
     def request_stop(self) -> None:
@@ -125,7 +164,14 @@ class Server:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             draining.append(self._http_task)
+        if self._management_http is not None and self._management_task is not None:
+            self._management_http.should_exit = True
+            draining.append(self._management_task)
         await asyncio.gather(*draining)
+        if self.management is not None:
+            await self.management.close()
+        if self._management_key is not None:
+            self._management_key.remove()
         await self._wait_streams()
         await self.registry.unload_all()
         logger.info("Server stopped")

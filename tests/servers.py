@@ -112,6 +112,8 @@ def start_server(
     cmd = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1", "--http-port", "0"]
     if "--grpc-port" not in args:
         cmd += ["--grpc-port", "0"]
+    if "--management-port" not in args:
+        cmd += ["--management-port", "0"]
     cmd += list(args)
     process = subprocess.Popen(
         cmd,
@@ -131,7 +133,16 @@ def start_server(
 async def serving(*models: ModelSettings, grace: float = 5, **settings: Any) -> AsyncIterator[Server]:
     """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
     server = Server(
-        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings)
+        Settings(
+            **{
+                "host": "127.0.0.1",
+                "http_port": 0,
+                "grpc_port": 0,
+                "management_port": 0,
+                "shutdown_grace_period": grace,
+                **settings,
+            }
+        )
     )
     await server.start(list(models))
     try:

@@ -179,3 +179,24 @@ async def test_unknown_paths_and_methods(admin: Admin) -> None:
     async with admin.client() as client:
         assert (await client.get("/nothing")).json()["type"] == "ResourceNotFoundException"
         assert (await client.patch("/models")).status_code == 405
+
+
+def test_a_real_server_serves_management_on_its_own_port_with_a_key(tmp_path: Path) -> None:
+    from .servers import start_server
+
+    repo = tmp_path / "repo"
+    model_folder(repo, "echo")
+    key_file = tmp_path / "private" / "key_file.json"
+    server = start_server(repo, "--management-key-file", str(key_file))
+    try:
+        address = server.endpoints["management"]
+        assert address.startswith("127.0.0.1:")
+        key = json.loads(key_file.read_text())["management"]["key"]
+        assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+        refused = httpx.get(f"http://{address}/models")
+        assert refused.status_code == 400 and refused.json()["type"] == "InvalidKeyException"
+        listed = httpx.get(f"http://{address}/models", headers={"Authorization": f"Bearer {key}"})
+        assert [m["modelName"] for m in listed.json()["models"]] == ["echo"]
+    finally:
+        assert server.stop() == 0
+    assert not key_file.exists()
