@@ -122,6 +122,7 @@ class GrpcServer:
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"
         credentials = _credentials(settings)
+        port: int
         try:
             if credentials is None:
                 port = server.add_insecure_port(address)
