@@ -34,7 +34,7 @@ ENDLESS = ModelSettings(name="endless", implementation=Endless)
 COUNTER = ModelSettings(
     name="counter",
     implementation=Counter,
-    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
+    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
 )
 WORDS = ModelSettings(name="words", implementation=Words)
 

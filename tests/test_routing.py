@@ -71,7 +71,7 @@ MODELS = (
     ModelSettings(
         name="counter",
         implementation=Counter,
-        inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
+        inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
     ),
     ModelSettings(name="words", implementation=Words),
     ModelSettings(name="tally", implementation=Tally),

@@ -82,7 +82,7 @@ class ReadAhead(MLModel):
 def x_request(x: int, id: str | None = None, outputs: list[str] | None = None) -> InferenceRequest:
     return InferenceRequest(
         id=id,
-        inputs=[{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],  # type: ignore[list-item]
+        inputs=[{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],
         outputs=[RequestOutput(name=name) for name in outputs] if outputs else None,
     )
 
@@ -93,7 +93,7 @@ async def core(inprocess: InProcess) -> InProcess:
         ModelSettings(
             name="counter",
             implementation=Counter,
-            inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
+            inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
         ),
         ModelSettings(name="doubler", implementation=Doubler),
         ModelSettings(name="readahead", implementation=ReadAhead),
