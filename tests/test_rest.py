@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import Any
 
 import numpy as np
 import orjson
@@ -94,7 +95,7 @@ async def test_requested_outputs_are_filtered(api) -> None:  # type: ignore[no-u
     assert response.status_code == 400 and "zzz" in response.json()["error"]
 
 
-def _binary_body(header: dict, *parts: bytes) -> tuple[bytes, dict[str, str]]:
+def _binary_body(header: dict[str, Any], *parts: bytes) -> tuple[bytes, dict[str, str]]:
     head = orjson.dumps(header)
     return head + b"".join(parts), {"Inference-Header-Content-Length": str(len(head))}
 

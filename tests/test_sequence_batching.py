@@ -72,9 +72,13 @@ async def test_a_stream_keeps_arrival_order_within_each_sequence(inprocess: InPr
             )
 
     answers = [r async for r in inprocess.dataplane.infer_stream(requests(), "seq")]
-    assert [a.parameters.sequence_id for a in answers if a.parameters] == [key for key, _ in sent]
+    assert [(a.parameters.model_extra or {})["sequence_id"] for a in answers if a.parameters] == [
+        key for key, _ in sent
+    ]
     for key in "abc":
-        last = [a for a in answers if a.parameters and a.parameters.sequence_id == key][-1]
+        last = [
+            a for a in answers if a.parameters and (a.parameters.model_extra or {})["sequence_id"] == key
+        ][-1]
         assert list(last.outputs[1].data) == [value for k, value in sent if k == key]
     assert one_per_sequence(model.batches)
     assert max(len(b) for b in model.batches) > 1
@@ -91,7 +95,11 @@ async def test_oldest_ready_sequences_go_first(inprocess: InProcess) -> None:
         waiting = []
         for n, key in enumerate("cab", start=1):  # arrival order: c, a, b
             waiting.append(asyncio.create_task(step(client, 1, sequence_id=key)))
-            await until(lambda n=n: scheduler(inprocess).sequences.queued == n)
+
+            def queued(n: int = n) -> bool:
+                return scheduler(inprocess).sequences.queued == n
+
+            await until(queued)
         model.gate.set()
         await asyncio.gather(held, *waiting)
     assert [[key for key, _, _ in batch] for batch in model.batches[-2:]] == [["c", "a"], ["b"]]

@@ -43,7 +43,7 @@ async def client(inprocess: InProcess) -> Any:
         yield client
 
 
-async def stream(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, list[ServerSentEvent] | Any]:
+async def stream(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, Any]:
     """(status, events) for an event stream, (status, JSON) for anything else."""
     async with aconnect_sse(client, "POST", path, json=body) as source:
         response = source.response

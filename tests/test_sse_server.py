@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -24,7 +25,7 @@ from .stream_models import Endless
 
 pytestmark = pytest.mark.anyio
 
-INFINITE = {"inputs": []}
+INFINITE: dict[str, Any] = {"inputs": []}
 
 
 def endless_model(server: Server) -> Endless:
@@ -64,8 +65,8 @@ async def test_200_concurrent_streams_all_complete_and_in_order(streaming_server
         texts = await asyncio.gather(*spoken)
     for k, got in enumerate(results):
         assert got == [(f"s{k}", i) for i in range(tokens)]
-    for k, got in enumerate(texts):
-        assert got == [f"w{k}", f"x{k}", f"y{k}", f"z{k}"] * 5
+    for k, said in enumerate(texts):
+        assert said == [f"w{k}", f"x{k}", f"y{k}", f"z{k}"] * 5
 
 
 async def test_disconnecting_clients_cancel_their_models_and_nothing_leaks() -> None:
