@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from .adaptive_helpers import body
 from .conftest import TEST_MODELS
@@ -66,7 +67,7 @@ def test_grpc_callers_share_a_batch_and_get_their_own_rows(batching_server: Runn
     results: list[tuple[Any, Any]] = []
     done = threading.Event()
 
-    def callback(result, error) -> None:  # type: ignore[no-untyped-def]
+    def callback(result: grpcclient.InferResult, error: InferenceServerException | None) -> None:
         results.append((result, error))
         if len(results) == 4:
             done.set()

@@ -8,6 +8,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ def one_per_sequence(batches: list[list[tuple[str, bool, bool]]]) -> bool:
 async def test_concurrent_sequences_keep_separate_sums(inprocess: InProcess) -> None:
     model = await serve(inprocess, max_batch_size=8, max_batch_time=0.05)
 
-    async def run(client, n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    async def run(client: httpx.AsyncClient, n: int) -> list[int]:
         sums = [total(await step(client, n, sequence_id=f"s{n}", sequence_start=True))]
         for _ in range(5):
             sums.append(total(await step(client, n, sequence_id=f"s{n}")))
