@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
-from .grpc_support import inference_stub, raw_request
+from .grpc_support import InferenceStub, inference_stub, raw_request
 from .servers import RunningServer
 
 
@@ -73,14 +73,12 @@ def test_reflection_lists_and_describes_the_services(channel: grpc.Channel) -> N
 # ---------------------------------------------------------------------- the model repository
 
 
-def index(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, ready: bool = False
-) -> dict[str, tuple[str, str]]:
+def index(stub: InferenceStub, ready: bool = False) -> dict[str, tuple[str, str]]:
     response = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready))
     return {m.name: (m.state, m.reason) for m in response.models}
 
 
-def tag_of(stub: dataplane_pb2_grpc.GRPCInferenceServiceStub) -> str:
+def tag_of(stub: InferenceStub) -> str:
     response = stub.ModelInfer(raw_request("tagged", x=np.zeros(1, np.int8)))
     return cast(str, response.parameters["tag"].string_param)
 
@@ -92,7 +90,7 @@ def set_tag(folder: Path, tag: str) -> None:
     path.write_text(json.dumps(settings))
 
 
-def test_index_lists_loaded_and_failed_models(stub: dataplane_pb2_grpc.GRPCInferenceServiceStub) -> None:
+def test_index_lists_loaded_and_failed_models(stub: InferenceStub) -> None:
     models = index(stub)
     assert models["mirror"] == ("READY", "")
     state, reason = models["broken"]
@@ -100,9 +98,7 @@ def test_index_lists_loaded_and_failed_models(stub: dataplane_pb2_grpc.GRPCInfer
     assert "broken" not in index(stub, ready=True)
 
 
-def test_load_unload_and_reload_over_grpc(
-    grpc_models: Path, stub: dataplane_pb2_grpc.GRPCInferenceServiceStub
-) -> None:
+def test_load_unload_and_reload_over_grpc(grpc_models: Path, stub: InferenceStub) -> None:
     stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="tagged"))
     assert index(stub)["tagged"] == ("UNAVAILABLE", "not loaded")
     with pytest.raises(grpc.RpcError) as info:
@@ -178,9 +174,7 @@ def test_reload_drops_no_traffic(grpc_server: RunningServer, grpc_models: Path) 
         ),
     ],
 )
-def test_repository_errors(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub, rpc: str, request_: Message, code: str, message: str
-) -> None:
+def test_repository_errors(stub: InferenceStub, rpc: str, request_: Message, code: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as info:
         getattr(stub, rpc)(request_)
     assert info.value.code().name == code and message in info.value.details()

@@ -19,6 +19,7 @@ from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
 from .conftest import TEST_MODELS
+from .grpc_support import InferenceStub
 from .servers import RunningServer, start_server
 
 
@@ -63,9 +64,7 @@ def total(response: pb.ModelInferResponse) -> int:
     return int(np.frombuffer(response.raw_output_contents[0], np.int64)[0])
 
 
-def test_ids_are_echoed_in_the_kind_the_client_used(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub,
-) -> None:
+def test_ids_are_echoed_in_the_kind_the_client_used(stub: InferenceStub) -> None:
     for kind, value in (("int64_param", 101), ("uint64_param", 102), ("string_param", "g-103")):
         first = stub.ModelInfer(step("recorder", 2, sequence_id=(kind, value), sequence_start=True))
         assert total(first) == 2
@@ -75,7 +74,7 @@ def test_ids_are_echoed_in_the_kind_the_client_used(
         assert total(last) == 5 and last.parameters["sequence_end"].bool_param is True
 
 
-def test_sequence_errors_have_their_status_codes(stub: dataplane_pb2_grpc.GRPCInferenceServiceStub) -> None:
+def test_sequence_errors_have_their_status_codes(stub: InferenceStub) -> None:
     with pytest.raises(grpc.RpcError) as unknown:
         stub.ModelInfer(step("recorder", 1, sequence_id="never-started"))
     assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -91,7 +90,7 @@ def test_sequence_errors_have_their_status_codes(stub: dataplane_pb2_grpc.GRPCIn
 
 
 def test_a_pipelined_mlserver_stream_keeps_order_and_reports_errors_for_their_request(
-    stub: dataplane_pb2_grpc.GRPCInferenceServiceStub,
+    stub: InferenceStub,
 ) -> None:
     """Race: forty requests of two interleaved sequences, plus two bad ones, written without waiting
     for answers; the server reads ahead, yet each sequence sees its requests in order, every answer
@@ -161,9 +160,7 @@ def test_tritonclient_http_sequences(server: RunningServer) -> None:
         client.close()
 
 
-def test_a_cancelled_grpc_call_cancels_its_sequence(
-    server: RunningServer, stub: dataplane_pb2_grpc.GRPCInferenceServiceStub
-) -> None:
+def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub: InferenceStub) -> None:
     """Race: the gRPC client cancels a call whose request waits behind a running one of the same
     sequence; the sequence must be cancelled before the queued request reaches the model."""
     stats_url = f"{server.http_url}/v2/models/recorder"
