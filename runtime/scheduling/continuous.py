@@ -338,7 +338,7 @@ class ContinuousScheduler(Scheduler):
 
     async def _call_step(self, streams: list[Stream]) -> Sequence[StepResult]:
         if self._async_step:
-            return await self.stepping.step(streams)  # type: ignore[misc]
+            return await self.stepping.step(streams)  # type: ignore[misc,no-any-return]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.stepping.step, streams)
 
