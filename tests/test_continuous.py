@@ -10,7 +10,7 @@ import pytest
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
 from runtime.scheduling.continuous import STREAM_BUFFER
 from runtime.settings import ModelSettings
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
 
 from .conftest import InProcess
 from .continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until

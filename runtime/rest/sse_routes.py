@@ -55,7 +55,7 @@ class StreamingApi:
         name, version = _model(request)
         inference_request = await self.api.read_inference_request(request, name, version)
         responses = self.dataplane.infer_stream(_one(inference_request), name, version)
-        return await sse_response(request, responses, _response_event)
+        return await sse_response(request, responses, _response_event, self.dataplane.streams)
 
     async def generate(self, request: Request) -> Response:
         name, version = _model(request)
@@ -72,9 +72,9 @@ class StreamingApi:
         body = await self._read_generate(request, name, version)
         if isinstance(body, GenerateRequest):
             answers = self.dataplane.generate_stream(body, name, version)
-            return await sse_response(request, answers, _generate_event)
+            return await sse_response(request, answers, _generate_event, self.dataplane.streams)
         responses = self.dataplane.infer_stream(_one(body), name, version)
-        return await sse_response(request, responses, _response_event)
+        return await sse_response(request, responses, _response_event, self.dataplane.streams)
 
     async def _read_generate(
         self, request: Request, name: str, version: str | None

@@ -17,7 +17,8 @@ so the transport's flow control holds the client back. Replies wait for the tran
 of ``EACH_BUFFER``, so a client that stops reading stops the models. Each request ends with
 exactly one reply marked ``last``: its error, or an end marker after its last response.
 
-What both guarantee, on top of ``runtime.streaming``'s (pull, fairness, cancellation, ids):
+What both guarantee, on top of the pipeline's (``runtime.streams.pipeline``: pull, fairness,
+cancellation, ids):
 
 - every reply names its request (the id the client gave, or the one the core made for it);
 - errors are replies: a request that cannot be decoded, names an unknown model, fails its checks
@@ -36,15 +37,11 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from .errors import InvalidInput, ServerError
-from .ids import new_id
-from .streaming import RECENT_REQUESTS, StreamError, sort_error
-from .types import InferenceRequest, InferenceResponse
-
-if TYPE_CHECKING:
-    from .dataplane import DataPlane
+from ..errors import InvalidInput, ServerError
+from ..types import InferenceRequest, InferenceResponse
+from .pipeline import RECENT_REQUESTS, StreamError, assign_id, one, sort_error
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +53,20 @@ EACH_IN_FLIGHT = 64
 EACH_BUFFER = 8
 """Most replies of one client stream waiting for the transport in the ``each`` way (each request
 served holds at most one more): a client that stops reading stops the models soon after."""
+
+
+class StreamServer(Protocol):
+    """What serves the model streams of a client stream (the DataPlane)."""
+
+    def check_model(self, name: str, version: str | None = None) -> None: ...
+
+    def infer_stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse, None]: ...
+
+    def infer_stream_in_band(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +99,7 @@ class Reply(Generic[T]):
 
 def _decode(item: Routed[T]) -> InferenceRequest:
     request = item.decode()
-    if request.id is None:
-        request.id = new_id()  # here, so that every reply to the request can name it
+    assign_id(request)  # here, so that every reply to the request can name it
     return request
 
 
@@ -149,7 +159,7 @@ class _Segment(Generic[T]):
 
 
 async def in_sessions(
-    dataplane: DataPlane, items: AsyncIterator[Routed[T]]
+    dataplane: StreamServer, items: AsyncIterator[Routed[T]]
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream MLServer's way: one model stream per run of requests for one model."""
     source = aiter(items)
@@ -186,11 +196,7 @@ class _End:
         self.failure = failure
 
 
-async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
-    yield request
-
-
-async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
+async def _answer(dataplane: StreamServer, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
     """The replies to one request, served as a model stream of its own; the last one is ``last``."""
     try:
         dataplane.check_model(item.model, item.version)
@@ -199,7 +205,7 @@ async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply
         yield _failed(item, exc, item.id, last=True)
         return
     try:
-        stream = dataplane.infer_stream(_one(request), item.model, item.version)
+        stream = dataplane.infer_stream(one(request), item.model, item.version)
         async with aclosing(stream) as responses:
             async for response in responses:
                 yield Reply(item.tag, item.model, item.version, request.id, response=response)
@@ -210,7 +216,7 @@ async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply
 
 
 async def each(
-    dataplane: DataPlane, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
+    dataplane: StreamServer, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream Triton's way: every request on its own, at most ``limit`` at a time."""
     replies: asyncio.Queue[Reply[T] | _End] = asyncio.Queue(EACH_BUFFER)

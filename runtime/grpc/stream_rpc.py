@@ -1,6 +1,6 @@
 """ModelStreamInfer: many requests and responses on one bidirectional stream, in two wire formats.
 
-The core serves the stream (``runtime.routing``); this module only translates. It reads each
+The core serves the stream (``runtime.streams.client_streams``); this module only translates. It reads each
 message into a ``Routed`` item and writes each ``Reply``: responses in the form of the request
 they answer (raw when it was raw), errors in band with the failed request's id. What the stream
 guarantees (one model stream per run of requests for one model, or one per request; errors in
@@ -36,7 +36,7 @@ import grpc
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
-from ..routing import Reply, Routed
+from ..streams.client_streams import Reply, Routed
 from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
 from .errors import code_of

@@ -1,4 +1,7 @@
-"""Streams through the core: requests in, responses out, errors sorted, cancellation passed on.
+"""The one stream pipeline: requests in, ordered answers out, bounded read-ahead, cancellation
+that reaches the model. Every streaming front end goes through it: SSE (``infer_stream``,
+``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.streams.client_streams``) and
+the schedulers' own stream plumbing (``Outbox``, ``assign_id``, ``RequestFailed``).
 
 ``DataPlane.infer_stream`` and ``DataPlane.infer_stream_in_band`` run a :class:`StreamSession`.
 What it guarantees, whatever the transport:
@@ -11,25 +14,30 @@ What it guarantees, whatever the transport:
 - **Cancellation reaches the model.** Closing the stream (``aclose``) or cancelling the task that
   iterates it closes the model's generator (GeneratorExit at its ``yield``) or cancels what it
   awaits (CancelledError), and the scheduler's slot with it. Nothing is left running.
-- **Every response names its request.** Each request without an id gets a fresh one before the
-  model sees it. A response answers the request whose id the model put in ``response.id`` (one of
-  the last ``RECENT_REQUESTS`` it was given), or else the latest request the model has taken. That
-  is exact for one request streamed back (unary→stream) and for models that answer each request
-  before reading the next (the default ``predict_stream``); a model that reads ahead tags its
-  responses itself.
+- **Every response names its request.** Each request without an id gets a fresh one
+  (:func:`assign_id`, the one place request ids are made) before the model sees it. A response
+  answers the request whose id the model put in ``response.id`` (one of the last
+  ``RECENT_REQUESTS`` it was given), or else the latest request the model has taken. That is exact
+  for one request streamed back (unary→stream) and for models that answer each request before
+  reading the next (the default ``predict_stream``); a model that reads ahead tags its responses
+  itself.
 - **Errors are sorted at one place** (:func:`sort_error`): client errors (``ServerError``) pass
   through, cancellation re-raises, anything else the model raised becomes ``ModelFailed`` with the
   cause chained.
 - **A bad request never reaches the model.** It ends the model's input, as if the client had
   stopped sending: the model finishes what it was doing and the error follows.
 
-A scheduler whose requests fail one by one (the sequence batcher) yields ``RequestFailed`` for a
-failed request: in band it becomes that request's ``StreamError`` and the same model stream goes on.
+A scheduler whose requests fail one by one (the sequence and continuous batchers) yields
+``RequestFailed`` for a failed request: in band it becomes that request's ``StreamError`` and the
+same model stream goes on.
 
 With errors raised (``infer_stream``), the first error ends the stream. With errors in band
-(``infer_stream_in_band``, which ``runtime.routing`` uses for gRPC's ModelStreamInfer), each error is yielded as a
-:class:`StreamError` tagged with its request's id and the stream goes on: the requests that follow
-a failure are served by a fresh call of the model's ``predict_stream``.
+(``infer_stream_in_band``, which ``runtime.streams.client_streams`` uses for gRPC's
+ModelStreamInfer), each error is yielded as a :class:`StreamError` tagged with its request's id and
+the stream goes on: the requests that follow a failure are served by a fresh call of the model's
+``predict_stream``.
+
+This module depends only on the types and errors, so the dataplane and the schedulers both import it.
 """
 
 from __future__ import annotations
@@ -42,11 +50,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from .errors import InvalidInput, ModelFailed, ServerError
-from .ids import new_id
-from .registry import ModelEntry
-from .scheduling import RequestFailed
-from .types import InferenceRequest, InferenceResponse
+from ..errors import InvalidInput, ModelFailed, ServerError
+from ..ids import new_id
+from ..types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,27 @@ CHECKPOINT_SECONDS = 0.001
 
 RECENT_REQUESTS = 128
 """How many of a stream's latest requests a model may still answer by id (bounds memory per stream)."""
+
+
+def assign_id(request: InferenceRequest) -> str:
+    """The request's id, made now if it came without one: the one place request ids are assigned."""
+    if request.id is None:
+        request.id = new_id()
+    return request.id
+
+
+async def one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
+    """A stream of the single request ``request`` (unary in, streamed out)."""
+    yield request
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Yielded by a scheduler's stream in place of a response when one request of the stream failed
+    and the stream goes on (e.g. the sequence batcher, whose requests succeed or fail one by one)."""
+
+    error: Exception
+    request_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +107,21 @@ def sort_error(model: str, exc: Exception) -> ServerError:
 
 
 class StreamCounter:
-    """How many streams are running now; ``wait_idle`` returns once none is (tests, draining, gauges)."""
+    """How many streams are running now; ``wait_idle`` returns once none is (tests, draining, gauges).
+
+    It also carries the end of the server's grace period: ``cut_after`` arms it when the server
+    starts draining, and when it ends every ``on_cut`` callback runs, so that a transport ends its
+    streams still running with an in-band "shutting down" error before the server cuts them.
+    """
 
     def __init__(self) -> None:
         self.active = 0
         self.total = 0
         self._idle: asyncio.Event | None = None
+        self.cut = False
+        """The grace period has ended: streams still running must end now."""
+        self._on_cut: set[Callable[[], None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
 
     def opened(self) -> None:
         self.active += 1
@@ -107,26 +143,56 @@ class StreamCounter:
         self._idle.clear()
         await self._idle.wait()
 
+    def cut_after(self, seconds: float) -> None:
+        """Cut the streams still running ``seconds`` from now (the server's grace period)."""
+        if self._timer is None and not self.cut:
+            self._timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), self.cut_now)
 
-Prepare = Callable[[InferenceRequest, ModelEntry], None]
-Finish = Callable[[InferenceResponse, "InferenceRequest | None", ModelEntry], InferenceResponse]
+    def cut_now(self) -> None:
+        self.cut = True
+        callbacks, self._on_cut = self._on_cut, set()
+        for callback in callbacks:
+            callback()
+
+    def on_cut(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when the streams are cut (at once if they are); returns its removal."""
+        if self.cut:
+            callback()
+            return _nothing
+        self._on_cut.add(callback)
+        return lambda: self._on_cut.discard(callback)
+
+
+def _nothing() -> None:
+    pass
+
+
+Prepare = Callable[[InferenceRequest], None]
+"""Checks a request against the model (raising InvalidInput)."""
+Finish = Callable[[InferenceResponse, "InferenceRequest | None"], InferenceResponse]
+"""Checks a response and names it after the request it answers."""
+Serve = Callable[[AsyncIterator[InferenceRequest]], AsyncIterator["InferenceResponse | RequestFailed"]]
+"""The model's stream through its scheduler (``Scheduler.stream``)."""
 
 
 class StreamSession:
     """One client stream served by one model; see the module docstring for what it guarantees.
 
-    ``prepare`` checks a request against the model (raising InvalidInput), ``finish`` checks and
-    names a response: the DataPlane's ``prepare_request`` and ``finish_response``.
+    ``serve`` runs the model's stream (its scheduler's ``stream``); ``prepare`` checks a request
+    against the model (raising InvalidInput), ``finish`` checks and names a response: the
+    DataPlane's ``prepare_request`` and ``finish_response`` for the model ``model``.
     """
 
     def __init__(
         self,
-        entry: ModelEntry,
+        model: str,
+        serve: Serve,
         requests: AsyncIterator[InferenceRequest],
         prepare: Prepare,
         finish: Finish,
     ) -> None:
-        self.entry = entry
+        self.model = model
+        self.serve = serve
         self.source = aiter(requests)
         self.prepare = prepare
         self.finish = finish
@@ -187,33 +253,31 @@ class StreamSession:
         return request
 
     def _prepare(self, request: InferenceRequest) -> None:
-        if request.id is None:
-            request.id = new_id()
-        self.prepare(request, self.entry)
+        assign_id(request)
+        self.prepare(request)
 
     async def _serve(self, first: InferenceRequest) -> AsyncGenerator[InferenceResponse | StreamError, None]:
         """One call of the model's stream, from ``first`` until it ends or fails."""
-        assert self.entry.scheduler is not None
         self.input_error = None
         self._taken(first)  # from here on, a failure of the model is reported for this request at least
         feed = self._feed(first)
-        stream = self.entry.scheduler.stream(feed)
+        stream = self.serve(feed)
         turn = time.monotonic()
         try:
             async for response in stream:
                 if isinstance(response, RequestFailed):
                     yield StreamError(
-                        sort_error(self.entry.name, response.error), response.request_id, continues=True
+                        sort_error(self.model, response.error), response.request_id, continues=True
                     )
                     continue
-                yield self.finish(response, self._answering(response), self.entry)
+                yield self.finish(response, self._answering(response))
                 # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never
                 # awaits cannot starve the other streams, nor hide a disconnect or a cancellation
                 if time.monotonic() - turn >= CHECKPOINT_SECONDS:
                     await asyncio.sleep(0)
                     turn = time.monotonic()
         except Exception as exc:
-            yield StreamError(sort_error(self.entry.name, exc), self.latest.id if self.latest else None)
+            yield StreamError(sort_error(self.model, exc), self.latest.id if self.latest else None)
         finally:
             # close the model's generator (and the scheduler's slot) whatever ended the loop:
             # GeneratorExit, cancellation, an error, or the consumer going away
