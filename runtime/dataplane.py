@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
 from .settings import ModelSettings, Settings
 from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
-from .streams.pipeline import StreamCounter, StreamError, StreamSession, assign_id, one, sort_error
+from .streams.pipeline import StreamCounter, StreamError, StreamSession, assign_id, sort_error
 from .tensors import dtype_of, element_count, input_array, output_array
 from .types import (
     InferenceRequest,
@@ -173,24 +173,16 @@ class DataPlane:
 
     # ------------------------------------------------------------------ generate extension
 
-    async def generate(
+    def generate_request(
         self, body: GenerateRequest, name: str, version: str | None = None
-    ) -> GenerateResponse:
-        """Serve a generate request (text in, text out) with the model's ``predict``."""
-        settings = self._entry(name, version).settings
-        response = await self.infer(to_inference_request(body, settings), name, version)
-        return to_generate_response(response, settings, wants_details(body))
-
-    async def generate_stream(
-        self, body: GenerateRequest, name: str, version: str | None = None
-    ) -> AsyncGenerator[GenerateResponse, None]:
-        """Serve a generate request with the model's ``predict_stream``: one answer per response."""
+    ) -> tuple[InferenceRequest, Callable[[InferenceResponse], GenerateResponse]]:
+        """The inference request a generate request stands for, and what turns each of its
+        responses into a generate answer. The request is served like any other (``infer`` or
+        ``infer_stream``), so generate and infer share one path: sequences, cancellation, errors."""
         settings = self._entry(name, version).settings
         details = wants_details(body)
         request = to_inference_request(body, settings)
-        async with aclosing(self.infer_stream(one(request), name, version)) as responses:
-            async for response in responses:
-                yield to_generate_response(response, settings, details)
+        return request, lambda response: to_generate_response(response, settings, details)
 
     async def _stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
