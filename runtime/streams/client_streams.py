@@ -41,7 +41,7 @@ from typing import Generic, Protocol, TypeVar
 
 from ..errors import InvalidInput, ServerError
 from ..types import InferenceRequest, InferenceResponse
-from .pipeline import RECENT_REQUESTS, StreamError, assign_id, one, sort_error
+from .pipeline import RECENT_REQUESTS, Outbox, StreamError, assign_id, one, sort_error, stop_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ async def each(
     dataplane: StreamServer, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream Triton's way: every request on its own, at most ``limit`` at a time."""
-    replies: asyncio.Queue[Reply[T] | _End] = asyncio.Queue(EACH_BUFFER)
+    replies: Outbox[Reply[T] | _End] = Outbox(EACH_BUFFER)
     slots = asyncio.Semaphore(limit)
     tasks: set[asyncio.Task[None]] = set()
 
@@ -260,8 +260,4 @@ async def each(
             raise reply.failure
     finally:
         # closed early or cancelled: cancel the reading and every request still served
-        pending = [task for task in (reader, *tasks) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await stop_tasks(reader, *tasks)

@@ -45,16 +45,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import anyio
 
 from ..errors import InvalidInput, ModelFailed, ServerError
 from ..ids import new_id
 from ..types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CHECKPOINT_SECONDS = 0.001
 """A stream gives the event loop a turn at least this often, whatever its model does."""
@@ -73,6 +78,72 @@ def assign_id(request: InferenceRequest) -> str:
 async def one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
     """A stream of the single request ``request`` (unary in, streamed out)."""
     yield request
+
+
+class Outbox(Generic[T]):
+    """The ordered items of one stream's consumer, put by its producers: the task reading its
+    requests ahead, the scheduler's steps, the tasks serving its requests. The consumer ``get``s
+    them in the order they were put.
+
+    ``bound``: ``put`` waits while that many items wait for the consumer, so a consumer that stops
+    reading stops its producers. None: the producers bound themselves (``push`` never waits).
+    """
+
+    __slots__ = ("_room", "_waker", "bound", "items")
+
+    def __init__(self, bound: int | None = None) -> None:
+        self.items: deque[T] = deque()
+        self.bound = bound
+        self._waker: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, item: T) -> None:
+        """Put ``item`` now, whatever the bound."""
+        self.items.append(item)
+        if self._waker is not None and not self._waker.done():
+            self._waker.set_result(None)
+
+    async def put(self, item: T) -> None:
+        """Put ``item`` once there is room under the bound."""
+        while self.bound is not None and len(self.items) >= self.bound:
+            if self._room is None or self._room.done():
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._room)
+        self.push(item)
+
+    async def get(self) -> T:
+        """The next item, once there is one."""
+        while not self.items:
+            self._waker = asyncio.get_running_loop().create_future()
+            try:
+                await self._waker
+            finally:
+                self._waker = None
+        item = self.items.popleft()
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+        return item
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+async def stop_tasks(*tasks: asyncio.Task[object]) -> None:
+    """Cancel ``tasks`` (a stream's read-ahead and serving tasks) and wait until they have ended.
+
+    Shielded: this runs when a stream is closed, possibly inside a cancelled anyio scope (an SSE
+    response whose client went away), where every await would raise at once; the requests'
+    iterator must be free when the stream's close returns.
+    """
+    pending = [task for task in tasks if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 @dataclass(frozen=True, slots=True)
