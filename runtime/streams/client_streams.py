@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from typing import Generic, Protocol, TypeVar
 
 from ..errors import InvalidInput, ServerError
 from ..types import InferenceRequest, InferenceResponse
-from .pipeline import RECENT_REQUESTS, Outbox, StreamError, assign_id, one, sort_error, stop_tasks
+from .pipeline import Outbox, Recent, StreamError, assign_id, one, sort_error, stop_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +116,8 @@ class _Segment(Generic[T]):
         self.source = source
         self.first = first
         self.request = request
-        self.tags: OrderedDict[str, T] = OrderedDict()
-        self.latest: tuple[str | None, T] = (request.id, first.tag)
+        self.tags: Recent[T] = Recent()
+        self._take(first, request)
         self.next: Routed[T] | None = None
         """The request that named another model (it ended this segment's input)."""
         self.undecodable: Reply[T] | None = None
@@ -143,19 +142,21 @@ class _Segment(Generic[T]):
 
     def _take(self, item: Routed[T], request: InferenceRequest) -> InferenceRequest:
         assert request.id is not None
-        self.latest = (request.id, item.tag)
-        self.tags[request.id] = item.tag
-        if len(self.tags) > RECENT_REQUESTS:
-            self.tags.popitem(last=False)
+        self.tags.take(request.id, item.tag)
         return request
+
+    def tag(self, request_id: str | None) -> T:
+        """The tag of the request ``request_id`` names (else of the latest request taken)."""
+        found = self.tags.find(request_id)
+        return self.first.tag if found is None else found
 
     def reply(self, item: InferenceResponse | StreamError) -> Reply[T]:
         first = self.first
         if isinstance(item, StreamError):
-            tag = self.tags.get(item.request_id, self.latest[1]) if item.request_id else self.latest[1]
-            return Reply(tag, first.model, first.version, item.request_id, error=item.error)
-        tag = self.tags.get(item.id, self.latest[1]) if item.id else self.latest[1]
-        return Reply(tag, first.model, first.version, item.id, response=item)
+            return Reply(
+                self.tag(item.request_id), first.model, first.version, item.request_id, error=item.error
+            )
+        return Reply(self.tag(item.id), first.model, first.version, item.id, response=item)
 
 
 async def in_sessions(
@@ -180,7 +181,8 @@ async def in_sessions(
                     async for reply in replies:
                         yield segment.reply(reply)
             except ServerError as exc:  # the model went away between the check and the first step
-                yield Reply(segment.latest[1], item.model, item.version, segment.latest[0], error=exc)
+                latest = segment.tags.latest_id
+                yield Reply(segment.tag(latest), item.model, item.version, latest, error=exc)
         if segment.undecodable is not None:
             yield segment.undecodable
         item = segment.next or await anext(source, None)

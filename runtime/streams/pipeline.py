@@ -60,6 +60,7 @@ from ..types import InferenceRequest, InferenceResponse
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 CHECKPOINT_SECONDS = 0.001
 """A stream gives the event loop a turn at least this often, whatever its model does."""
@@ -78,6 +79,32 @@ def assign_id(request: InferenceRequest) -> str:
 async def one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
     """A stream of the single request ``request`` (unary in, streamed out)."""
     yield request
+
+
+class Recent(Generic[V]):
+    """What a stream remembers of its latest requests, by id: an answer finds the request it names
+    (one of the last ``RECENT_REQUESTS``), or else the latest one taken."""
+
+    __slots__ = ("by_id", "latest", "latest_id")
+
+    def __init__(self) -> None:
+        self.by_id: OrderedDict[str, V] = OrderedDict()
+        self.latest: V | None = None
+        self.latest_id: str | None = None
+
+    def take(self, request_id: str, value: V) -> None:
+        self.latest, self.latest_id = value, request_id
+        self.by_id[request_id] = value
+        if len(self.by_id) > RECENT_REQUESTS:
+            self.by_id.popitem(last=False)
+
+    def find(self, request_id: str | None) -> V | None:
+        """What ``request_id`` names, or the latest request's when it names none remembered."""
+        if request_id is not None:
+            found = self.by_id.get(request_id)
+            if found is not None:
+                return found
+        return self.latest
 
 
 class Outbox(Generic[T]):
@@ -268,8 +295,7 @@ class StreamSession:
         self.prepare = prepare
         self.finish = finish
         self.exhausted = False
-        self.recent: OrderedDict[str, InferenceRequest] = OrderedDict()
-        self.latest: InferenceRequest | None = None
+        self.recent: Recent[InferenceRequest] = Recent()
         self.input_error: StreamError | None = None
         self.source_failure: Exception | None = None
 
@@ -348,7 +374,7 @@ class StreamSession:
                     await asyncio.sleep(0)
                     turn = time.monotonic()
         except Exception as exc:
-            yield StreamError(sort_error(self.model, exc), self.latest.id if self.latest else None)
+            yield StreamError(sort_error(self.model, exc), self.recent.latest_id)
         finally:
             # close the model's generator (and the scheduler's slot) whatever ended the loop:
             # GeneratorExit, cancellation, an error, or the consumer going away
@@ -380,14 +406,7 @@ class StreamSession:
 
     def _taken(self, request: InferenceRequest) -> None:
         assert request.id is not None
-        self.latest = request
-        self.recent[request.id] = request
-        if len(self.recent) > RECENT_REQUESTS:
-            self.recent.popitem(last=False)
+        self.recent.take(request.id, request)
 
     def _answering(self, response: InferenceResponse) -> InferenceRequest | None:
-        if isinstance(response, InferenceResponse) and response.id is not None:
-            request = self.recent.get(response.id)
-            if request is not None:
-                return request
-        return self.latest
+        return self.recent.find(response.id if isinstance(response, InferenceResponse) else None)
