@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from ..continuous import Stream
 from ..errors import ServerError
@@ -23,9 +23,6 @@ from ..streams.pipeline import Outbox, stop_tasks
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .base import RequestFailed
 from .queueing import Waiter
-
-if TYPE_CHECKING:
-    from .continuous import ContinuousScheduler
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""
@@ -109,8 +106,18 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
         mark_response(response, entry.pending.control, last and sequence.ends)
 
 
+class Stepper(Protocol):
+    """What a call is served by (the continuous scheduler)."""
+
+    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry: ...
+
+    def leave(self, entry: Entry) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 async def serve_stream(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest]
+    scheduler: Stepper, requests: AsyncIterator[InferenceRequest]
 ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
     """One call's requests, each run as a stream as it arrives; their chunks, in the order made.
 
@@ -152,9 +159,7 @@ async def serve_stream(
         await stop_tasks(reader)  # shielded: the requests' iterator must be free when we return
 
 
-async def _read(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call
-) -> None:
+async def _read(scheduler: Stepper, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
     try:
         async for request in requests:
             await call.wait_for_room(call.taken)
