@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
-from runtime.scheduling.continuous import STREAM_BUFFER
+from runtime.scheduling.continuous_batching import STREAM_BUFFER
 from runtime.settings import ModelSettings
 from runtime.streaming import StreamError
 

@@ -27,7 +27,7 @@ from .base import RequestFailed
 from .queueing import Waiter
 
 if TYPE_CHECKING:
-    from .continuous import ContinuousScheduler
+    from .continuous_batching import ContinuousScheduler
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""

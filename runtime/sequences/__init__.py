@@ -1,6 +1,7 @@
 """Stateful sequences: identity, lifecycle, the state store and the model API.
 
-The scheduler that serves them is ``runtime.scheduling.sequence.SequenceScheduler``.
+The scheduler that serves them is ``runtime.scheduling.sequence_batching.SequenceScheduler``, its lifecycle
+``runtime.sequences.engine.SequenceEngine``.
 """
 
 from .identity import SequenceControl, parse_control
