@@ -6,7 +6,7 @@ import logging
 
 from ..continuous import ContinuousModel
 from ..model import MLModel
-from ..sequences.model import SequenceModel, serves_stateless
+from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
 from .adaptive import AdaptiveScheduler
 from .base import RequestFailed, Scheduler

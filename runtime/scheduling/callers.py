@@ -14,7 +14,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -25,9 +25,6 @@ from ..sequences.lifecycle import Pending
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .base import RequestFailed
 from .queueing import Waiter
-
-if TYPE_CHECKING:
-    from .continuous_batching import ContinuousScheduler
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""
@@ -108,6 +105,16 @@ class Entry(Waiter[None]):
     """With sequences: its request's place in its sequence's lifecycle (None outside any sequence)."""
 
 
+class StreamScheduler(Protocol):
+    """What a call needs of the continuous batcher (``.continuous_batching.ContinuousScheduler``)."""
+
+    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry: ...
+
+    def leave(self, entry: Entry) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None:
     """Tag a chunk with its stream's id and the size and id of its step; a chunk of a sequence
     also with its sequence id, and the last chunk of the stream that ends it with ``sequence_end``."""
@@ -126,7 +133,7 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
 
 
 async def serve_stream(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest]
+    scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest]
 ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
     """One call's requests, each run as a stream as it arrives; their chunks, in the order made.
 
@@ -170,9 +177,7 @@ async def serve_stream(
             await asyncio.gather(reader, return_exceptions=True)
 
 
-async def _read(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call
-) -> None:
+async def _read(scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
     try:
         async for request in requests:
             await call.wait_for_room(call.taken)

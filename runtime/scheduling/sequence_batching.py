@@ -33,7 +33,7 @@ from ..model import MLModel
 from ..sequences.engine import STORED, SequenceEngine
 from ..sequences.identity import SequenceControl, mark_response, parse_control
 from ..sequences.lifecycle import Pending, Sequences
-from ..sequences.model import SequenceModel, SequenceStep
+from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse

@@ -5,7 +5,7 @@ The scheduler that serves them is ``runtime.scheduling.sequence_batching.Sequenc
 """
 
 from .identity import SequenceControl, parse_control
-from .model import END_REASONS, EndReason, SequenceModel, SequenceStep
+from .sequence_model import END_REASONS, EndReason, SequenceModel, SequenceStep
 from .store import LRUStateStore, StateStore
 
 __all__ = [

@@ -31,7 +31,7 @@ from ..settings import ModelSettings
 from ..types import InferenceRequest
 from .identity import SequenceControl
 from .lifecycle import Pending, Sequence, Sequences
-from .model import EndReason
+from .sequence_model import EndReason
 from .store import LRUStateStore, StateStore
 
 logger = logging.getLogger(__name__)

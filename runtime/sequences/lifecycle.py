@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import Cancelled, Overloaded, SequenceError, ServerError
 from ..types import InferenceRequest, InferenceResponse
 from .identity import SequenceControl
-from .model import END_REASONS, EndReason
+from .sequence_model import END_REASONS, EndReason
 
 _HOW = {
     "end": "it was ended by a request with sequence_end",

@@ -21,7 +21,7 @@ import torch
 
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import InvalidInput, ModelNotReady
-from ..sequences.model import SequenceModel, SequenceStep
+from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..tensors import input_array
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 from .convert import FLOATING, torch_dtype

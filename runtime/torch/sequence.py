@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
-from ..sequences.model import SequenceStep
+from ..sequences.sequence_model import SequenceStep
 from ..types import InferenceResponse
 from .recurrent import Arrays, Recurrence, part, run_together
 
