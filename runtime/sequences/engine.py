@@ -85,7 +85,9 @@ class SequenceEngine:
         self.name = name
         self.table = Sequences(name, max_sequences, max_queue, memory)
         """Open sequences, recently ended ids, the admission rules and their counters."""
-        self.store: StateStore = store or LRUStateStore(state_capacity or max_sequences)
+        self.store: StateStore = (
+            store if store is not None else LRUStateStore(state_capacity or max_sequences)
+        )
         self.idle_s = idle_ms / 1000
         self.life_s = timeout_ms / 1000
         self.strategy = strategy
