@@ -28,7 +28,7 @@ from .convert import FLOATING, torch_dtype
 from .loading import Loaded, ProgramInput, load
 from .recurrent import Outputs, Recurrence, read_recurrence
 from .runner import TensorSpec, TorchRunner
-from .sequence import predict_sequences
+from .sequence_batch import predict_sequences
 from .settings import TorchConfig, read_config
 from .steps import Steps
 
