@@ -16,6 +16,7 @@ from runtime.sequences.engine import STORED, SequenceEngine
 from runtime.sequences.identity import SequenceControl
 from runtime.sequences.lifecycle import Pending, Sequence
 from runtime.sequences.store import StateStore
+from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest
 
 pytestmark = pytest.mark.anyio
@@ -85,13 +86,12 @@ class Told:
 def make(strategy: Any, told: Told, capacity: int = 10, **limits: Any) -> SequenceEngine:
     settings: dict[str, Any] = {
         "max_sequences": 3,
-        "max_queue": 2,
-        "memory": 2,
-        "idle_ms": 0,
-        "timeout_ms": 0,
+        "max_sequence_queue_size": 2,
+        "sequence_ended_memory": 2,
+        "max_sequence_idle_ms": 0,
         **limits,
     }
-    return SequenceEngine("m", ended=told, strategy=strategy, store=DictStore(capacity), **settings)
+    return SequenceEngine(ModelSettings(name="m", **settings), told, strategy, DictStore(capacity))
 
 
 def control(key: str, start: bool = False, end: bool = False) -> SequenceControl:
@@ -123,7 +123,7 @@ async def done(engine: SequenceEngine, strategy: Running, pending: Pending, stat
 
 async def test_admission_refusals_name_their_reason_and_are_counted() -> None:
     told, strategy = Told(), Running()
-    engine = make(strategy, told, max_sequences=1, max_queue=1)
+    engine = make(strategy, told, max_sequences=1, max_sequence_queue_size=1)
     with pytest.raises(SequenceError, match="is not open"):
         engine.admit(request(), control("a"))
     first = engine.admit(request(), control("a", start=True))
@@ -156,7 +156,7 @@ async def test_a_start_on_an_open_id_restarts_it_and_the_model_is_told_with_the_
 
 async def test_an_end_is_told_with_the_final_state_and_remembered_in_bounded_memory() -> None:
     told, strategy = Told(), Running()
-    engine = make(strategy, told, memory=2)
+    engine = make(strategy, told, sequence_ended_memory=2)
     for key in ("a", "b", "c"):
         pending = engine.admit(request(), control(key, start=True, end=True))
         await run(engine, strategy, pending)
@@ -187,7 +187,7 @@ async def test_eviction_from_the_store_ends_the_evicted_sequence() -> None:
 
 async def test_idle_and_lifetime_timeouts_become_notices_the_worker_delivers() -> None:
     told, strategy = Told(), Running()
-    engine = make(strategy, told, idle_ms=1)
+    engine = make(strategy, told, max_sequence_idle_ms=1)
     a = engine.admit(request(), control("a", start=True))
     await run(engine, strategy, a)
     await done(engine, strategy, a, "a's")
@@ -197,7 +197,7 @@ async def test_idle_and_lifetime_timeouts_become_notices_the_worker_delivers() -
     assert told.calls == [("a", "idle", "a's")] and engine.notices == 0
 
     strategy.woken.clear()
-    engine = make(strategy, told, timeout_ms=1)
+    engine = make(strategy, told, sequence_timeout_ms=1)
     b = engine.admit(request(), control("b", start=True))
     await run(engine, strategy, b)
     queued = engine.admit(request(), control("b"))
@@ -253,7 +253,7 @@ async def test_stop_tells_every_live_sequence_unload_with_the_state_wherever_it_
 async def test_the_batchers_strategy_through_the_engine_one_request_of_a_sequence_at_a_time() -> None:
     told, wake = Told(), asyncio.Event()
     strategy = OneInFlight(wake)
-    engine = make(strategy, told, max_queue=3)
+    engine = make(strategy, told, max_sequence_queue_size=3)
     strategy.engine = engine
     a1 = engine.admit(request(), control("a", start=True))
     b1 = engine.admit(request(), control("b", start=True))

@@ -119,7 +119,7 @@ class ContinuousScheduler(Scheduler):
             },
         }
         if self.sequences is not None:
-            described.update(self.sequences.describe(self.settings))
+            described.update(self.sequences.describe())
         return described
 
     # ------------------------------------------------------------------ lifecycle

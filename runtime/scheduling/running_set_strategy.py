@@ -79,7 +79,7 @@ class RunningSet(Generic[E]):
     ) -> None:
         self._wake = wake
         self._running: dict[Sequence, _Running] = {}
-        self.engine = SequenceEngine.for_model(settings, model.sequence_ended, self, store)
+        self.engine = SequenceEngine(settings, model.sequence_ended, self, store)
 
     # ------------------------------------------------------------------ SequenceStrategy
 
@@ -181,22 +181,9 @@ class RunningSet(Generic[E]):
 
     # ------------------------------------------------------------------ metadata
 
-    def describe(self, settings: ModelSettings) -> dict[str, Any]:
-        stats = self.engine.stats()
+    def describe(self) -> dict[str, Any]:
         return {
             "sequence_batching": True,
-            "max_sequences": settings.max_sequences,
-            "max_sequence_queue_size": settings.max_sequence_queue_size,
-            "max_sequence_idle_ms": settings.max_sequence_idle_ms,
-            "sequence_timeout_ms": settings.sequence_timeout_ms,
-            "sequence_state_capacity": self.engine.store.capacity,
-            "sequence_ended_memory": settings.sequence_ended_memory,
-            "sequence_stats": {
-                "open_sequences": stats["open_sequences"],
-                "queued_requests": stats["queued_requests"],
-                "running_sequences": len(self._running),
-                "states_held": stats["states_held"],
-                "ended": stats["ended"],
-                "rejected": stats["rejected"],
-            },
+            **self.engine.describe(),
+            "sequence_stats": {**self.engine.stats(), "running_sequences": len(self._running)},
         }

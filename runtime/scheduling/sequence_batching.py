@@ -63,7 +63,7 @@ class SequenceScheduler(Scheduler):
         self.seq_model: SequenceModel = model
         self._wake = asyncio.Event()
         self.strategy = OneInFlight(self._wake)
-        self.engine = SequenceEngine.for_model(settings, model.sequence_ended, self.strategy, store)
+        self.engine = SequenceEngine(settings, model.sequence_ended, self.strategy, store)
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
@@ -281,29 +281,18 @@ class SequenceScheduler(Scheduler):
     # ------------------------------------------------------------------ metadata
 
     def describe(self) -> dict[str, Any]:
-        s = self.settings
-        stats = self.engine.stats()
         return {
             "scheduler": "sequence",
             "max_batch_size": self.max_batch,
             "max_batch_time": self.max_wait,
-            "max_sequences": s.max_sequences,
-            "max_sequence_queue_size": s.max_sequence_queue_size,
-            "max_sequence_idle_ms": s.max_sequence_idle_ms,
-            "sequence_timeout_ms": s.sequence_timeout_ms,
-            "sequence_state_capacity": self.store.capacity,
-            "sequence_ended_memory": s.sequence_ended_memory,
+            **self.engine.describe(),
             "stateless_requests": self.stateless.describe() if self.stateless is not None else "refused",
             "stats": {
-                "open_sequences": stats["open_sequences"],
-                "queued_requests": stats["queued_requests"],
+                **self.engine.stats(),
                 "running_requests": self._running,
-                "states_held": stats["states_held"],
                 "batches": self.batches,
                 "steps": self.steps,
                 "largest_batch": self.largest_batch,
-                "ended": stats["ended"],
-                "rejected": stats["rejected"],
             },
         }
 

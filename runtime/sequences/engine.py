@@ -16,6 +16,10 @@ never await (they run in callers' tasks and callbacks); an ending they decide is
 that the scheduler's worker delivers (``deliver_notices``) before it runs anything else, so the
 model hears of an ending before it sees a fresh sequence with the same id. Everything that awaits
 (the store, the model's hook) runs in that one worker, so neither needs locks.
+
+The engine owns the sequences' counters (``stats``: open, queued, states held, ended by reason,
+refused by reason) and answers which sequences it holds (``get``), which is what a router in
+front of several worker processes, each with its own engine, needs for sequence affinity.
 """
 
 from __future__ import annotations
@@ -40,12 +44,7 @@ EndedHook = Callable[[str, EndReason, Any], Awaitable[None]]
 """The model's ``sequence_ended(sequence_id, reason, state)``."""
 
 
-class _Stored:
-    def __repr__(self) -> str:
-        return "STORED"
-
-
-STORED: Final = _Stored()
+STORED: Final[Any] = object()
 """As a state argument: "the one in the store" (taken out of it)."""
 
 
@@ -70,52 +69,29 @@ class SequenceEngine:
 
     def __init__(
         self,
-        name: str,
-        *,
-        max_sequences: int,
-        max_queue: int,
-        memory: int,
-        idle_ms: int,
-        timeout_ms: int,
-        ended: EndedHook,
-        strategy: SequenceStrategy,
-        store: StateStore | None = None,
-        state_capacity: int = 0,
-    ) -> None:
-        self.name = name
-        self.table = Sequences(name, max_sequences, max_queue, memory)
-        """Open sequences, recently ended ids, the admission rules and their counters."""
-        self.store: StateStore = (
-            store if store is not None else LRUStateStore(state_capacity or max_sequences)
-        )
-        self.idle_s = idle_ms / 1000
-        self.life_s = timeout_ms / 1000
-        self.strategy = strategy
-        self._ended = ended
-        self._notices: deque[tuple[str, EndReason]] = deque()
-        self._arrivals = itertools.count()
-
-    @classmethod
-    def for_model(
-        cls,
         settings: ModelSettings,
         ended: EndedHook,
         strategy: SequenceStrategy,
         store: StateStore | None = None,
-    ) -> SequenceEngine:
-        """The engine a model's settings ask for (``max_sequences``, ``max_sequence_*``, ``sequence_*``)."""
-        return cls(
+    ) -> None:
+        self.name = settings.name
+        self.settings = settings
+        self.table = Sequences(
             settings.name,
-            max_sequences=settings.max_sequences,
-            max_queue=settings.max_sequence_queue_size,
-            memory=settings.sequence_ended_memory,
-            idle_ms=settings.max_sequence_idle_ms,
-            timeout_ms=settings.sequence_timeout_ms,
-            ended=ended,
-            strategy=strategy,
-            store=store,
-            state_capacity=settings.sequence_state_capacity,
+            settings.max_sequences,
+            settings.max_sequence_queue_size,
+            settings.sequence_ended_memory,
         )
+        """Open sequences, recently ended ids, the admission rules and their counters."""
+        if store is None:
+            store = LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
+        self.store = store
+        self.idle_s = settings.max_sequence_idle_ms / 1000
+        self.life_s = settings.sequence_timeout_ms / 1000
+        self.strategy = strategy
+        self._ended = ended
+        self._notices: deque[tuple[str, EndReason]] = deque()
+        self._arrivals = itertools.count()
 
     # ------------------------------------------------------------------ lookups
 
@@ -297,6 +273,18 @@ class SequenceEngine:
             seq.pending_end = "timeout"
 
     # ------------------------------------------------------------------ metadata
+
+    def describe(self) -> dict[str, Any]:
+        """The sequence settings in force."""
+        s = self.settings
+        return {
+            "max_sequences": s.max_sequences,
+            "max_sequence_queue_size": s.max_sequence_queue_size,
+            "max_sequence_idle_ms": s.max_sequence_idle_ms,
+            "sequence_timeout_ms": s.sequence_timeout_ms,
+            "sequence_state_capacity": self.store.capacity,
+            "sequence_ended_memory": s.sequence_ended_memory,
+        }
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters: open sequences, queued requests, states held, endings and refusals."""
