@@ -94,7 +94,7 @@ class Ticker(ContinuousModel):
         )
         self.started.append(stream.id)
 
-    async def step(self, streams: list[Stream]) -> list[StepResult]:
+    async def step(self, streams: list[Stream]) -> list[StepResult]:  # type: ignore[override]  # async, as the base allows
         self.batches.append([s.id for s in streams])
         if self._tickets is not None:
             self.stepping.set()
@@ -163,7 +163,7 @@ class SequenceTicker(Ticker):
         self.joined_with: dict[str, Any] = {}
         return True
 
-    async def step(self, streams: list[Stream]) -> list[StepResult]:
+    async def step(self, streams: list[Stream]) -> list[StepResult]:  # type: ignore[override]  # async, as the base allows
         for s in streams:
             if s.sequence is not None and s.steps == 0:
                 self.joined_with[s.id] = None if s.sequence.state is None else list(s.sequence.state)

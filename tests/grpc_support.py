@@ -19,6 +19,9 @@ from .servers import RunningServer, start_server
 GRPC_MODELS = Path(__file__).resolve().parent / "models" / "grpc"
 MAX_MESSAGE = 1 << 20
 
+InferenceStub = dataplane_pb2_grpc.GRPCInferenceServiceStub
+"""The type of the stubs the tests call (the generated class; its methods are untyped)."""
+
 
 @pytest.fixture(scope="session")
 def grpc_models(tmp_path_factory: pytest.TempPathFactory) -> Path:

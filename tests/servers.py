@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ class RunningServer:
             self._eof = True
             self._changed.notify_all()
 
-    def _wait(self, done, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    def _wait(self, done: Callable[[], object], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._changed:
             while not done():

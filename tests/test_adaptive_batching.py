@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -203,7 +204,7 @@ async def test_stopping_serves_what_is_queued_and_refuses_new_requests(inprocess
     assert scheduler.queued == 2
     await scheduler.stop()
     responses = await asyncio.gather(*callers)
-    assert [r.parameters.model_extra["batch_size"] for r in responses if r.parameters] == [2, 2]
+    assert [(r.parameters.model_extra or {})["batch_size"] for r in responses if r.parameters] == [2, 2]
     with pytest.raises(Exception, match="unloading"):
         await scheduler.infer(InferenceRequest.model_validate(body([[1, 1]])))
 
@@ -240,14 +241,14 @@ async def test_unary_requests_on_a_stream_are_batched(inprocess: InProcess) -> N
         ModelSettings(name="double", implementation=Doubler, max_batch_size=4, max_batch_time=0.01)
     )
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[InferenceRequest]:
         for i in range(3):
             yield InferenceRequest.model_validate(body([[i, i]], id=str(i)))
 
     seen = [r async for r in inprocess.dataplane.infer_stream(requests(), "double")]
     assert [r.id for r in seen] == ["0", "1", "2"]
     assert [r.outputs[0].data.reshape(-1).tolist() for r in seen] == [[0, 0], [2, 2], [4, 4]]
-    assert all(r.parameters is not None and r.parameters.model_extra["batch_size"] == 1 for r in seen)
+    assert all(r.parameters is not None and (r.parameters.model_extra or {})["batch_size"] == 1 for r in seen)
 
 
 class ListModel(MLModel):

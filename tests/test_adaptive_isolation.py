@@ -119,7 +119,7 @@ async def test_a_caller_cancelled_while_its_batch_runs_does_not_fail_the_others(
     assert callers[1].cancelled()
     assert (first.id, last.id) == ("0", "2")
     assert last.outputs[0].data.reshape(-1).tolist() == [2, 2]
-    assert last.parameters is not None and last.parameters.model_extra["batch_size"] == 3
+    assert last.parameters is not None and (last.parameters.model_extra or {})["batch_size"] == 3
     # and the model serves the next batch as usual
     more = await asyncio.gather(*(infer_task(inprocess.dataplane, body([[9, i]])) for i in range(3)))
     assert [r.outputs[0].data.reshape(-1).tolist() for r in more] == [[9, 0], [9, 1], [9, 2]]
@@ -153,4 +153,4 @@ async def test_a_batch_failure_reaches_every_caller_as_its_own_error(inprocess: 
     errors = await asyncio.gather(*callers, return_exceptions=True)
     assert all(isinstance(e, ModelFailed) for e in errors)
     assert len({id(e) for e in errors}) == 3
-    assert all(isinstance(e.__cause__, RuntimeError) for e in errors)
+    assert all(isinstance(e, BaseException) and isinstance(e.__cause__, RuntimeError) for e in errors)

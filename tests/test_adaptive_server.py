@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from .adaptive_helpers import body
 from .conftest import TEST_MODELS
@@ -62,10 +64,10 @@ async def test_a_real_server_batches_callers_and_survives_one_that_disconnects(
 def test_grpc_callers_share_a_batch_and_get_their_own_rows(batching_server: RunningServer) -> None:
     """The same batching over gRPC (tritonclient's client): four concurrent callers, one batch."""
     client = grpcclient.InferenceServerClient(batching_server.grpc_address)
-    results: list = []
+    results: list[tuple[Any, Any]] = []
     done = threading.Event()
 
-    def callback(result, error) -> None:  # type: ignore[no-untyped-def]
+    def callback(result: grpcclient.InferResult, error: InferenceServerException | None) -> None:
         results.append((result, error))
         if len(results) == 4:
             done.set()

@@ -22,6 +22,7 @@ from runtime.types import InferenceRequest, Parameters, RequestInput, RequestOut
 def test_numpy_codec_round_trip() -> None:
     arr = np.arange(6, dtype=np.int16).reshape(2, 3)
     out = NumpyCodec.encode_output("y", arr)
+    assert out.parameters is not None
     assert (out.datatype.value, out.shape, out.parameters.content_type) == ("INT16", [2, 3], "np")
     np.testing.assert_array_equal(NumpyCodec.decode_output(out), arr)
     inp = NumpyCodec.encode_input("x", arr)

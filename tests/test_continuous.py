@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
-from runtime.scheduling.continuous import STREAM_BUFFER
+from runtime.scheduling.callers import STREAM_BUFFER
 from runtime.settings import ModelSettings
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
+from runtime.types import InferenceRequest
 
 from .conftest import InProcess
 from .continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
@@ -199,7 +201,7 @@ async def test_several_requests_on_one_stream_run_together(inprocess: InProcess)
     """The requests of one call (a gRPC stream) run concurrently, each answered with its own id."""
     model, _ = await loaded(inprocess, ticker_settings())
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[InferenceRequest]:
         yield request("r1", length=4)
         yield request("r2", length=2)
 
@@ -214,7 +216,7 @@ async def test_a_failing_request_on_a_stream_of_several_is_answered_in_band(inpr
     the other requests of the call go on (the call is not cut)."""
     await loaded(inprocess, ticker_settings())
 
-    async def requests():  # type: ignore[no-untyped-def]
+    async def requests() -> AsyncIterator[InferenceRequest]:
         yield request("ok1", length=5)
         yield request("bad", length=5, fail_at=2)
         yield request("refused", refuse=1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 import numpy as np
 import pytest
@@ -35,7 +38,7 @@ TYPED = [
 ]
 
 
-def typed_request(datatype: str, field: str, values: list, shape: list[int]) -> pb.ModelInferRequest:
+def typed_request(datatype: str, field: str, values: list[Any], shape: list[int]) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype=datatype, shape=shape)
     getattr(tensor.contents, field).extend(values)
@@ -43,7 +46,9 @@ def typed_request(datatype: str, field: str, values: list, shape: list[int]) -> 
 
 
 @pytest.mark.parametrize(("datatype", "field", "values", "dtype"), TYPED)
-def test_typed_contents_become_one_array_of_the_datatype(datatype, field, values, dtype) -> None:
+def test_typed_contents_become_one_array_of_the_datatype(
+    datatype: str, field: str, values: list[Any], dtype: type[Any]
+) -> None:
     inp = request_from_proto(typed_request(datatype, field, values, [1, 3])).inputs[0]
     assert isinstance(inp.data, np.ndarray) and inp.data.dtype == np.dtype(dtype)
     array = input_array(inp)
@@ -51,7 +56,9 @@ def test_typed_contents_become_one_array_of_the_datatype(datatype, field, values
 
 
 @pytest.mark.parametrize(("datatype", "field", "values", "dtype"), TYPED)
-def test_outputs_round_trip_in_both_forms(datatype, field, values, dtype) -> None:
+def test_outputs_round_trip_in_both_forms(
+    datatype: str, field: str, values: list[Any], dtype: type[Any]
+) -> None:
     array = np.array(values, dtype=dtype)
     response = InferenceResponse(
         model_name="m", id="r", outputs=[ResponseOutput(name="y", shape=[3], datatype=datatype, data=array)]
@@ -127,7 +134,9 @@ def test_a_typed_request_with_a_fp16_output_is_answered_raw() -> None:
         (lambda r: setattr(r.parameters["content_type"], "int64_param", 3), "content_type"),
     ],
 )
-def test_malformed_requests_are_invalid_input(build, message: str) -> None:
+def test_malformed_requests_are_invalid_input(
+    build: Callable[[pb.ModelInferRequest], object], message: str
+) -> None:
     request = pb.ModelInferRequest(model_name="m")
     build(request)
     with pytest.raises(InvalidInput, match=message):

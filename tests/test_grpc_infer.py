@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+from google.protobuf.message import Message
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 from runtime.tensors import unpack_bytes
 
-from .grpc_support import MAX_MESSAGE, inference_stub, raw_request, wait_for_log
+from .grpc_support import MAX_MESSAGE, InferenceStub, inference_stub, raw_request, wait_for_log
 from .servers import RunningServer
 
 
@@ -22,7 +24,7 @@ def stub(grpc_server: RunningServer) -> Iterator[dataplane_pb2_grpc.GRPCInferenc
         yield stub
 
 
-def status_of(call, request) -> tuple[grpc.StatusCode, str]:
+def status_of(call: Callable[[Any], object], request: Message) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call(request)
     return info.value.code(), info.value.details()
@@ -31,7 +33,7 @@ def status_of(call, request) -> tuple[grpc.StatusCode, str]:
 # ---------------------------------------------------------------------- health and metadata
 
 
-def test_health_and_metadata(stub) -> None:
+def test_health_and_metadata(stub: InferenceStub) -> None:
     assert stub.ServerLive(pb.ServerLiveRequest()).live
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
     assert stub.ModelReady(pb.ModelReadyRequest(name="mirror")).ready
@@ -53,12 +55,12 @@ def test_health_and_metadata(stub) -> None:
         ("ModelInfer", pb.ModelInferRequest(model_name="nope")),
     ],
 )
-def test_unknown_models_are_not_found(stub, rpc: str, request_) -> None:
+def test_unknown_models_are_not_found(stub: InferenceStub, rpc: str, request_: Message) -> None:
     code, details = status_of(getattr(stub, rpc), request_)
     assert code is grpc.StatusCode.NOT_FOUND and "not found" in details
 
 
-def test_a_model_that_failed_to_load_is_unavailable(stub) -> None:
+def test_a_model_that_failed_to_load_is_unavailable(stub: InferenceStub) -> None:
     assert not stub.ModelReady(pb.ModelReadyRequest(name="broken")).ready
     code, details = status_of(stub.ModelInfer, raw_request("broken", x=np.zeros(1, np.int8)))
     assert code is grpc.StatusCode.UNAVAILABLE and "broken on purpose" in details
@@ -67,7 +69,7 @@ def test_a_model_that_failed_to_load_is_unavailable(stub) -> None:
 # ---------------------------------------------------------------------- inference
 
 
-def test_raw_request_is_answered_raw(stub) -> None:
+def test_raw_request_is_answered_raw(stub: InferenceStub) -> None:
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     flags = np.array([True, False])
     request = raw_request("mirror", "r-1", x=x, flags=flags)
@@ -82,7 +84,7 @@ def test_raw_request_is_answered_raw(stub) -> None:
     assert unpack_bytes("text", response.raw_output_contents[2]).tolist() == [b"hi", b""]
 
 
-def test_typed_request_is_answered_typed(stub) -> None:
+def test_typed_request_is_answered_typed(stub: InferenceStub) -> None:
     request = pb.ModelInferRequest(model_name="strict", id="t-1")
     request.inputs.add(name="x", datatype="FP32", shape=[2, 2]).contents.fp32_contents.extend([1, 2, 3, 4])
     response = stub.ModelInfer(request)
@@ -91,7 +93,7 @@ def test_typed_request_is_answered_typed(stub) -> None:
     assert list(response.outputs[0].shape) == [2, 2]
 
 
-def test_requested_outputs_filter_the_response(stub) -> None:
+def test_requested_outputs_filter_the_response(stub: InferenceStub) -> None:
     request = raw_request("mirror", a=np.zeros(1, np.int8), b=np.ones(1, np.int8))
     request.outputs.add(name="b")
     response = stub.ModelInfer(request)
@@ -99,7 +101,7 @@ def test_requested_outputs_filter_the_response(stub) -> None:
     assert response.id  # the server names a request that had no id
 
 
-def test_parameters_of_every_kind_round_trip(stub) -> None:
+def test_parameters_of_every_kind_round_trip(stub: InferenceStub) -> None:
     request = raw_request("mirror", x=np.zeros(1, np.int32))
     for params in (request.parameters, request.inputs[0].parameters):
         params["b"].bool_param = True
@@ -150,7 +152,7 @@ def test_parameters_of_every_kind_round_trip(stub) -> None:
         ),
     ],
 )
-def test_bad_requests_are_invalid_argument(stub, request_, message: str) -> None:
+def test_bad_requests_are_invalid_argument(stub: InferenceStub, request_: Message, message: str) -> None:
     code, details = status_of(stub.ModelInfer, request_)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert message in details
@@ -163,7 +165,9 @@ def test_bad_requests_are_invalid_argument(stub, request_, message: str) -> None
         ("model", grpc.StatusCode.INTERNAL, "RuntimeError: mirror was told to break"),
     ],
 )
-def test_model_errors_map_to_status_codes(stub, fail: str, code, message: str) -> None:
+def test_model_errors_map_to_status_codes(
+    stub: InferenceStub, fail: str, code: grpc.StatusCode, message: str
+) -> None:
     request = raw_request("mirror", x=np.zeros(1, np.int32))
     request.parameters["fail"].string_param = fail
     got, details = status_of(stub.ModelInfer, request)
@@ -171,7 +175,7 @@ def test_model_errors_map_to_status_codes(stub, fail: str, code, message: str) -
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
 
 
-def test_messages_over_the_limit_are_resource_exhausted(stub) -> None:
+def test_messages_over_the_limit_are_resource_exhausted(stub: InferenceStub) -> None:
     request = raw_request("mirror", x=np.zeros(MAX_MESSAGE, np.uint8))
     code, _ = status_of(stub.ModelInfer, request)
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -188,14 +192,14 @@ def stream_request(model: str, request_id: str, value: int, fail: str | None = N
     return request
 
 
-def test_stream_answers_each_request_with_its_id(stub) -> None:
+def test_stream_answers_each_request_with_its_id(stub: InferenceStub) -> None:
     requests = [stream_request("mirror", f"s-{i}", i) for i in range(5)]
     responses = list(stub.ModelStreamInfer(iter(requests)))
     assert [r.id for r in responses] == [f"s-{i}" for i in range(5)]
     assert [np.frombuffer(r.raw_output_contents[0], np.float32)[0] for r in responses] == [0, 1, 2, 3, 4]
 
 
-def test_stream_reports_errors_in_band_and_stays_open(stub) -> None:
+def test_stream_reports_errors_in_band_and_stays_open(stub: InferenceStub) -> None:
     requests = [
         stream_request("mirror", "ok-1", 1),
         stream_request("mirror", "bad-input", 2, fail="input"),
@@ -224,7 +228,7 @@ def test_stream_reports_errors_in_band_and_stays_open(stub) -> None:
             assert not response.outputs
 
 
-def test_stream_switches_models_between_requests(stub) -> None:
+def test_stream_switches_models_between_requests(stub: InferenceStub) -> None:
     strict = pb.ModelInferRequest(model_name="strict", id="to-strict")
     strict.raw_input_contents.append(np.ones((1, 2), np.float32).tobytes())
     strict.inputs.add(name="x", datatype="FP32", shape=[1, 2])
@@ -238,7 +242,7 @@ def test_stream_switches_models_between_requests(stub) -> None:
     assert np.frombuffer(responses[1].raw_output_contents[0], np.float32).tolist() == [2, 2]
 
 
-def test_stream_answers_typed_requests_typed(stub) -> None:
+def test_stream_answers_typed_requests_typed(stub: InferenceStub) -> None:
     typed = pb.ModelInferRequest(model_name="mirror", id="typed")
     typed.inputs.add(name="n", datatype="INT64", shape=[2]).contents.int64_contents.extend([5, -5])
     raw = stream_request("mirror", "raw", 1)
@@ -247,11 +251,11 @@ def test_stream_answers_typed_requests_typed(stub) -> None:
     assert list(responses[0].outputs[0].contents.int64_contents) == [5, -5]
 
 
-def test_half_closed_empty_stream_ends_cleanly(stub) -> None:
+def test_half_closed_empty_stream_ends_cleanly(stub: InferenceStub) -> None:
     assert list(stub.ModelStreamInfer(iter([]))) == []
 
 
-def test_response_headers_travel_as_trailing_metadata(stub) -> None:
+def test_response_headers_travel_as_trailing_metadata(stub: InferenceStub) -> None:
     request = raw_request("mirror", x=np.zeros(1, np.int32))
     request.parameters["reply_header"].string_param = "hello"
     response, call = stub.ModelInfer.with_call(request)
@@ -267,7 +271,7 @@ def held(request_id: str, hold_ms: int = 60_000) -> pb.ModelInferRequest:
     return request
 
 
-def test_a_cancelled_call_cancels_the_model(grpc_server, stub) -> None:
+def test_a_cancelled_call_cancels_the_model(grpc_server: RunningServer, stub: InferenceStub) -> None:
     """Race guarded: the client goes away while the model works; the work must stop, not finish."""
     call = stub.ModelInfer.future(held("unary-cancel"))
     wait_for_log(grpc_server, "mirror holds request unary-cancel")
@@ -275,7 +279,7 @@ def test_a_cancelled_call_cancels_the_model(grpc_server, stub) -> None:
     wait_for_log(grpc_server, "mirror request unary-cancel was cancelled")
 
 
-def test_a_cancelled_stream_cancels_the_model(grpc_server, stub) -> None:
+def test_a_cancelled_stream_cancels_the_model(grpc_server: RunningServer, stub: InferenceStub) -> None:
     call = stub.ModelStreamInfer(iter([stream_request("mirror", "before", 1), held("stream-cancel")]))
     assert next(call).id == "before"
     wait_for_log(grpc_server, "mirror holds request stream-cancel")
@@ -284,7 +288,7 @@ def test_a_cancelled_stream_cancels_the_model(grpc_server, stub) -> None:
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
 
 
-def test_a_stream_model_sees_the_requests_of_its_stream(stub) -> None:
+def test_a_stream_model_sees_the_requests_of_its_stream(stub: InferenceStub) -> None:
     """Consecutive requests for one model feed one model stream; when the model stops reading,
     the next request starts a new one. Each answer carries the id of the last request read."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton_grpc
+from google.protobuf.descriptor import Descriptor
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 
@@ -68,10 +69,10 @@ SHARED = [
 ]
 
 
-def _fields(descriptor: object) -> set[tuple[int, str, int, bool]]:
+def _fields(descriptor: Descriptor) -> set[tuple[int, str, int, bool]]:
     return {
         (f.number, f.name, f.type, f.message_type is not None and f.message_type.GetOptions().map_entry)
-        for f in descriptor.fields  # type: ignore[attr-defined]
+        for f in descriptor.fields
     }
 
 

@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import httpx
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from google.protobuf import descriptor_pb2
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -20,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
-from .grpc_support import inference_stub, raw_request
+from .grpc_support import InferenceStub, inference_stub, raw_request
 from .servers import RunningServer
 
 
@@ -38,7 +40,7 @@ def stub(channel: grpc.Channel) -> dataplane_pb2_grpc.GRPCInferenceServiceStub:
 # ---------------------------------------------------------------------- health and reflection
 
 
-def test_health_service_answers_probes(channel) -> None:
+def test_health_service_answers_probes(channel: grpc.Channel) -> None:
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "inference.GRPCInferenceService"):
         response = health.Check(health_pb2.HealthCheckRequest(service=service))
@@ -51,7 +53,7 @@ def test_health_service_answers_probes(channel) -> None:
     watch.cancel()
 
 
-def test_reflection_lists_and_describes_the_services(channel) -> None:
+def test_reflection_lists_and_describes_the_services(channel: grpc.Channel) -> None:
     reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
     requests = [
         reflection_pb2.ServerReflectionRequest(list_services=""),
@@ -71,14 +73,14 @@ def test_reflection_lists_and_describes_the_services(channel) -> None:
 # ---------------------------------------------------------------------- the model repository
 
 
-def index(stub, ready: bool = False) -> dict[str, tuple[str, str]]:
+def index(stub: InferenceStub, ready: bool = False) -> dict[str, tuple[str, str]]:
     response = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready))
     return {m.name: (m.state, m.reason) for m in response.models}
 
 
-def tag_of(stub) -> str:
+def tag_of(stub: InferenceStub) -> str:
     response = stub.ModelInfer(raw_request("tagged", x=np.zeros(1, np.int8)))
-    return response.parameters["tag"].string_param
+    return cast(str, response.parameters["tag"].string_param)
 
 
 def set_tag(folder: Path, tag: str) -> None:
@@ -88,7 +90,7 @@ def set_tag(folder: Path, tag: str) -> None:
     path.write_text(json.dumps(settings))
 
 
-def test_index_lists_loaded_and_failed_models(stub) -> None:
+def test_index_lists_loaded_and_failed_models(stub: InferenceStub) -> None:
     models = index(stub)
     assert models["mirror"] == ("READY", "")
     state, reason = models["broken"]
@@ -96,7 +98,7 @@ def test_index_lists_loaded_and_failed_models(stub) -> None:
     assert "broken" not in index(stub, ready=True)
 
 
-def test_load_unload_and_reload_over_grpc(grpc_models, stub) -> None:
+def test_load_unload_and_reload_over_grpc(grpc_models: Path, stub: InferenceStub) -> None:
     stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="tagged"))
     assert index(stub)["tagged"] == ("UNAVAILABLE", "not loaded")
     with pytest.raises(grpc.RpcError) as info:
@@ -109,7 +111,7 @@ def test_load_unload_and_reload_over_grpc(grpc_models, stub) -> None:
     assert tag_of(stub) == "second"
 
 
-def test_reload_drops_no_traffic(grpc_server, grpc_models) -> None:
+def test_reload_drops_no_traffic(grpc_server: RunningServer, grpc_models: Path) -> None:
     """Requests keep flowing while the model is reloaded: the new instance is swapped in once ready."""
     failures: list[BaseException] = []
     tags: set[str] = set()
@@ -164,20 +166,22 @@ def test_reload_drops_no_traffic(grpc_server, grpc_models) -> None:
         ),
         (
             "RepositoryModelLoad",
-            pb.RepositoryModelLoadRequest(model_name="tagged", parameters={"config": {"string_param": "{}"}}),
+            pb.RepositoryModelLoadRequest(
+                model_name="tagged", parameters={"config": pb.ModelRepositoryParameter(string_param="{}")}
+            ),
             "INVALID_ARGUMENT",
             "not supported",
         ),
     ],
 )
-def test_repository_errors(stub, rpc, request_, code, message) -> None:
+def test_repository_errors(stub: InferenceStub, rpc: str, request_: Message, code: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as info:
         getattr(stub, rpc)(request_)
     assert info.value.code().name == code and message in info.value.details()
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
 
 
-def test_tritonclient_repository_calls(grpc_server) -> None:
+def test_tritonclient_repository_calls(grpc_server: RunningServer) -> None:
     client = triton.InferenceServerClient(grpc_server.grpc_address)
     try:
         names = {m.name for m in client.get_model_repository_index().models}
@@ -195,7 +199,7 @@ def test_tritonclient_repository_calls(grpc_server) -> None:
         client.close()
 
 
-def test_mlserver_repository_service_name(channel) -> None:
+def test_mlserver_repository_service_name(channel: grpc.Channel) -> None:
     """MLServer's clients call the repository under its own service; same messages on the wire."""
     service = "/inference.model_repository.ModelRepositoryService/"
     call = channel.unary_unary(
@@ -206,7 +210,7 @@ def test_mlserver_repository_service_name(channel) -> None:
     assert "mirror" in {m.name for m in call(pb.RepositoryIndexRequest()).models}
 
 
-def test_rest_repository_routes(grpc_server) -> None:
+def test_rest_repository_routes(grpc_server: RunningServer) -> None:
     with httpx.Client(base_url=grpc_server.http_url) as http:
         listing = http.post("/v2/repository/index")
         assert listing.status_code == 200

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -18,9 +18,9 @@ import pytest
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.routing import EACH_BUFFER
 from runtime.server import Server
 from runtime.settings import ModelSettings
+from runtime.streams.client_streams import EACH_BUFFER
 
 from .grpc_support import inference_stub, raw_request
 from .servers import RunningServer, serving
@@ -34,7 +34,7 @@ ENDLESS = ModelSettings(name="endless", implementation=Endless)
 COUNTER = ModelSettings(
     name="counter",
     implementation=Counter,
-    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
+    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
 )
 WORDS = ModelSettings(name="words", implementation=Words)
 
@@ -42,11 +42,12 @@ WORDS = ModelSettings(name="words", implementation=Words)
 def stream_call(channel: grpc.aio.Channel, stream_format: str) -> Callable[..., Any]:
     """ModelStreamInfer on an asyncio channel, reading the messages of the server's format."""
     response = pb.ModelStreamInferResponse if stream_format == "triton" else pb.ModelInferResponse
-    return channel.stream_stream(
+    call: Callable[..., Any] = channel.stream_stream(
         METHOD,
         request_serializer=pb.ModelInferRequest.SerializeToString,
         response_deserializer=response.FromString,
     )
+    return call
 
 
 def infer_response(message: Any) -> pb.ModelInferResponse:
@@ -55,7 +56,7 @@ def infer_response(message: Any) -> pb.ModelInferResponse:
         assert not message.error_message, message.error_message
         return message.infer_response
     assert "error" not in message.parameters, message.parameters["error"].string_param
-    return message
+    return cast(pb.ModelInferResponse, message)
 
 
 def counter_request(n: int, request_id: str) -> pb.ModelInferRequest:

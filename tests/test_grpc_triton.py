@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -40,10 +41,10 @@ def tensor(name: str, array: np.ndarray, datatype: str | None = None) -> triton.
 def triton_datatype(array: np.ndarray) -> str:
     from tritonclient.utils import np_to_triton_dtype
 
-    return np_to_triton_dtype(array.dtype)
+    return cast(str, np_to_triton_dtype(array.dtype))
 
 
-def test_health_and_metadata(client) -> None:
+def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("mirror") and client.is_model_ready("mirror", "1")
     assert "binary_tensor_data" in client.get_server_metadata().extensions
@@ -68,7 +69,7 @@ ARRAYS = [
 
 
 @pytest.mark.parametrize("array", ARRAYS, ids=lambda a: str(a.dtype))
-def test_infer_every_datatype(client, array: np.ndarray) -> None:
+def test_infer_every_datatype(client: triton.InferenceServerClient, array: np.ndarray) -> None:
     result = client.infer("mirror", [tensor("x", array)], request_id="dt")
     out = result.as_numpy("x")
     assert out.dtype == array.dtype and out.shape == array.shape
@@ -76,14 +77,14 @@ def test_infer_every_datatype(client, array: np.ndarray) -> None:
     assert result.get_response().id == "dt"
 
 
-def test_infer_many_inputs_and_requested_outputs(client) -> None:
+def test_infer_many_inputs_and_requested_outputs(client: triton.InferenceServerClient) -> None:
     inputs = [tensor("a", np.ones((2, 2), np.float32)), tensor("b", np.array([b"x"], dtype=object))]
     result = client.infer("mirror", inputs, outputs=[triton.InferRequestedOutput("b")])
     assert [o.name for o in result.get_response().outputs] == ["b"]
     assert result.as_numpy("b").tolist() == [b"x"]
 
 
-def test_parameters_tritonclient_can_send_come_back_in_kind(client) -> None:
+def test_parameters_tritonclient_can_send_come_back_in_kind(client: triton.InferenceServerClient) -> None:
     result = client.infer(
         "mirror",
         [tensor("x", np.zeros(1, np.int32))],
@@ -105,7 +106,7 @@ def test_parameters_tritonclient_can_send_come_back_in_kind(client) -> None:
     }
 
 
-def test_triton_messages_typed_and_double_parameters(server) -> None:
+def test_triton_messages_typed_and_double_parameters(server: RunningServer) -> None:
     """tritonclient's own messages and stub, with what its high-level client cannot send."""
     request = service_pb2.ModelInferRequest(model_name="mirror", id="typed")
     tensor_ = request.inputs.add(name="x", datatype="FP64", shape=[3])
@@ -128,7 +129,13 @@ def test_triton_messages_typed_and_double_parameters(server) -> None:
         ("mirror", [("x", np.zeros(1, np.float32))], {"fail": "input"}, "StatusCode.INVALID_ARGUMENT"),
     ],
 )
-def test_errors_reach_tritonclient_with_their_status(client, model, inputs, parameters, status) -> None:
+def test_errors_reach_tritonclient_with_their_status(
+    client: triton.InferenceServerClient,
+    model: str,
+    inputs: list[tuple[str, np.ndarray]],
+    parameters: dict[str, str] | None,
+    status: str,
+) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.infer(model, [tensor(n, a) for n, a in inputs], parameters=parameters)
     assert info.value.status() == status
@@ -138,9 +145,11 @@ def test_errors_reach_tritonclient_with_their_status(client, model, inputs, para
 # ---------------------------------------------------------------------- Triton-format streams
 
 
-def run_stream(client, requests: list[dict]) -> list[tuple[object, object]]:
+def run_stream(
+    client: triton.InferenceServerClient, requests: list[dict[str, Any]]
+) -> list[tuple[triton.InferResult, InferenceServerException | None]]:
     """Send every request on one stream, half-close, and return all (result, error) callbacks."""
-    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    got: queue.Queue[tuple[triton.InferResult, InferenceServerException | None]] = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
         for request in requests:
@@ -150,11 +159,11 @@ def run_stream(client, requests: list[dict]) -> list[tuple[object, object]]:
     return [got.get_nowait() for _ in range(got.qsize())]
 
 
-def final_flag(result) -> bool:
-    return result.get_response().parameters["triton_final_response"].bool_param
+def final_flag(result: triton.InferResult) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
 
 
-def test_stream_answers_every_request_with_final_flags(client) -> None:
+def test_stream_answers_every_request_with_final_flags(client: triton.InferenceServerClient) -> None:
     requests = [
         {"model_name": "mirror", "inputs": [tensor("x", np.full(2, i, np.int32))], "request_id": f"s-{i}"}
         for i in range(6)
@@ -168,7 +177,7 @@ def test_stream_answers_every_request_with_final_flags(client) -> None:
         assert final_flag(by_id[f"s-{i}"]) is True
 
 
-def test_stream_sends_an_empty_final_response_only_when_asked(client) -> None:
+def test_stream_sends_an_empty_final_response_only_when_asked(client: triton.InferenceServerClient) -> None:
     x = [tensor("x", np.ones(1, np.float32))]
     got = run_stream(
         client,
@@ -184,7 +193,7 @@ def test_stream_sends_an_empty_final_response_only_when_asked(client) -> None:
     assert [final_flag(r) for r in asked] == [False, True]
 
 
-def test_stream_errors_are_in_band_and_the_stream_goes_on(client) -> None:
+def test_stream_errors_are_in_band_and_the_stream_goes_on(client: triton.InferenceServerClient) -> None:
     x = [tensor("x", np.ones(1, np.float32))]
     got = run_stream(
         client,
@@ -205,7 +214,7 @@ def test_stream_errors_are_in_band_and_the_stream_goes_on(client) -> None:
     assert results[0].as_numpy("x").tolist() == [1.0]
 
 
-def test_stream_error_names_the_failed_request(server) -> None:
+def test_stream_error_names_the_failed_request(server: RunningServer) -> None:
     """Triton's clients correlate an in-band error by infer_response.id."""
     requests = [service_pb2.ModelInferRequest(model_name="nope", id="which")]
     with grpc.insecure_channel(server.grpc_address) as channel:
@@ -216,10 +225,10 @@ def test_stream_error_names_the_failed_request(server) -> None:
 
 
 @pytest.mark.anyio
-async def test_asyncio_client_streams(server) -> None:
+async def test_asyncio_client_streams(server: RunningServer) -> None:
     client = triton_aio.InferenceServerClient(server.grpc_address)
 
-    async def requests():
+    async def requests() -> AsyncIterator[dict[str, Any]]:
         for i in range(4):
             yield {
                 "model_name": "mirror",
@@ -239,7 +248,9 @@ async def test_asyncio_client_streams(server) -> None:
         await client.close()
 
 
-def test_cancelling_a_stream_cancels_its_requests(server, client) -> None:
+def test_cancelling_a_stream_cancels_its_requests(
+    server: RunningServer, client: triton.InferenceServerClient
+) -> None:
     """Race guarded: tritonclient cancels the stream while a request is inside the model."""
     got: queue.Queue[tuple[object, object]] = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -254,7 +265,7 @@ def test_cancelling_a_stream_cancels_its_requests(server, client) -> None:
     assert client.is_server_ready()
 
 
-def test_each_triton_request_is_a_model_stream_of_its_own(client) -> None:
+def test_each_triton_request_is_a_model_stream_of_its_own(client: triton.InferenceServerClient) -> None:
     """Triton's streams are per request: a stream model sees one request and answers it alone."""
     got = run_stream(
         client,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from typing import Any, cast
 
+import httpx
 import numpy as np
 import pytest
 
@@ -34,7 +36,7 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
     rng = np.random.default_rng(0)
     utterances = [rng.standard_normal((12, 80), dtype=np.float32) for _ in range(8)]
 
-    async def stream(client, n: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    async def stream(client: httpx.AsyncClient, n: int) -> np.ndarray:
         outputs = []
         for i, chunk in enumerate(np.split(utterances[n], 3)):
             params = {"sequence_id": n + 1, "sequence_start": i == 0, "sequence_end": i == 2}
@@ -60,7 +62,7 @@ async def test_chunked_sequences_match_one_pass_over_the_whole_utterance(inproce
     with torch.inference_mode():
         for n, utterance in enumerate(utterances):
             zeros = torch.zeros(2, 1, 32)
-            whole, _ = model.net(torch.from_numpy(utterance)[None], (zeros, zeros))
+            whole, _ = cast(Any, model).net(torch.from_numpy(utterance)[None], (zeros, zeros))
             np.testing.assert_allclose(chunked[n], whole[0].numpy(), rtol=1e-4, atol=1e-5)
 
 

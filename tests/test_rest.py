@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import AsyncIterator
+from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pytest
@@ -20,7 +23,7 @@ TENSOR = {"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4,
 
 
 @pytest.fixture
-async def api(inprocess: InProcess):  # type: ignore[no-untyped-def]
+async def api(inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
     await inprocess.load(
         ModelSettings(name="echo", implementation=zoo.Echo),
         ModelSettings(
@@ -40,7 +43,7 @@ async def api(inprocess: InProcess):  # type: ignore[no-untyped-def]
         yield client
 
 
-async def test_health_and_server_metadata(api) -> None:  # type: ignore[no-untyped-def]
+async def test_health_and_server_metadata(api: httpx.AsyncClient) -> None:
     assert (await api.get("/v2/health/live")).status_code == 200
     assert (await api.get("/v2/health/ready")).status_code == 200
     meta = (await api.get("/v2")).json()
@@ -48,7 +51,7 @@ async def test_health_and_server_metadata(api) -> None:  # type: ignore[no-untyp
     assert "binary_tensor_data" in meta["extensions"]
 
 
-async def test_model_metadata_and_versions(api) -> None:  # type: ignore[no-untyped-def]
+async def test_model_metadata_and_versions(api: httpx.AsyncClient) -> None:
     meta = (await api.get("/v2/models/typed")).json()
     assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
     versions = (await api.get("/v2/models/v")).json()["versions"]
@@ -61,14 +64,14 @@ async def test_model_metadata_and_versions(api) -> None:  # type: ignore[no-unty
     assert pinned["outputs"][0]["data"] == ["2"]
 
 
-async def test_triton_model_config(api) -> None:  # type: ignore[no-untyped-def]
+async def test_triton_model_config(api: httpx.AsyncClient) -> None:
     config = (await api.get("/v2/models/typed/config")).json()
     assert config["name"] == "typed" and config["max_batch_size"] == 0
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 3]}]
     assert (await api.get("/v2/models/nope/config")).status_code == 404
 
 
-async def test_infer_json(api) -> None:  # type: ignore[no-untyped-def]
+async def test_infer_json(api: httpx.AsyncClient) -> None:
     response = await api.post("/v2/models/echo/infer", json={"id": "r1", "inputs": [TENSOR]})
     assert response.status_code == 200
     body = response.json()
@@ -76,7 +79,7 @@ async def test_infer_json(api) -> None:  # type: ignore[no-untyped-def]
     assert body["outputs"][0] == {**TENSOR, "data": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}
 
 
-async def test_body_is_parsed_whatever_its_content_type(api) -> None:  # type: ignore[no-untyped-def]
+async def test_body_is_parsed_whatever_its_content_type(api: httpx.AsyncClient) -> None:
     raw = orjson.dumps({"inputs": [TENSOR]})
     for content_type in (None, "text/plain", "application/octet-stream"):
         headers = {"content-type": content_type} if content_type else {}
@@ -84,7 +87,7 @@ async def test_body_is_parsed_whatever_its_content_type(api) -> None:  # type: i
         assert response.status_code == 200, response.text
 
 
-async def test_requested_outputs_are_filtered(api) -> None:  # type: ignore[no-untyped-def]
+async def test_requested_outputs_are_filtered(api: httpx.AsyncClient) -> None:
     y = {**TENSOR, "name": "y"}
     body = {"inputs": [TENSOR, y], "outputs": [{"name": "y"}]}
     outputs = (await api.post("/v2/models/echo/infer", json=body)).json()["outputs"]
@@ -94,12 +97,12 @@ async def test_requested_outputs_are_filtered(api) -> None:  # type: ignore[no-u
     assert response.status_code == 400 and "zzz" in response.json()["error"]
 
 
-def _binary_body(header: dict, *parts: bytes) -> tuple[bytes, dict[str, str]]:
+def _binary_body(header: dict[str, Any], *parts: bytes) -> tuple[bytes, dict[str, str]]:
     head = orjson.dumps(header)
     return head + b"".join(parts), {"Inference-Header-Content-Length": str(len(head))}
 
 
-async def test_binary_inputs_and_outputs(api) -> None:  # type: ignore[no-untyped-def]
+async def test_binary_inputs_and_outputs(api: httpx.AsyncClient) -> None:
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     s = struct.pack("<I", 2) + b"hi" + struct.pack("<I", 0)
     header = {
@@ -121,14 +124,14 @@ async def test_binary_inputs_and_outputs(api) -> None:  # type: ignore[no-untype
     assert out_s["data"] == ["hi", ""] and out_j["data"] == [7]
 
 
-async def test_binary_data_output_for_all(api) -> None:  # type: ignore[no-untyped-def]
+async def test_binary_data_output_for_all(api: httpx.AsyncClient) -> None:
     body = {"inputs": [TENSOR], "parameters": {"binary_data_output": True}}
     response = await api.post("/v2/models/echo/infer", json=body)
     size = int(response.headers["inference-header-content-length"])
     assert np.frombuffer(response.content[size:], dtype=np.float32).tolist() == [1, 2, 3, 4, 5, 6]
 
 
-async def test_whole_body_raw_input(api) -> None:  # type: ignore[no-untyped-def]
+async def test_whole_body_raw_input(api: httpx.AsyncClient) -> None:
     x = np.arange(9, dtype=np.float32)
     response = await api.post(
         "/v2/models/typed/infer", content=x.tobytes(), headers={"Inference-Header-Content-Length": "0"}
@@ -187,7 +190,9 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.parametrize(("model", "body", "headers", "status", "message"), BAD_REQUESTS)
-async def test_errors_are_json_with_the_right_status(api, model, body, headers, status, message) -> None:  # type: ignore[no-untyped-def]
+async def test_errors_are_json_with_the_right_status(
+    api: httpx.AsyncClient, model: str, body: bytes, headers: dict[str, str], status: int, message: str
+) -> None:
     response = await api.post(f"/v2/models/{model}/infer", content=body, headers=headers)
     assert response.status_code == status
     assert response.headers["content-type"] == "application/json"
@@ -196,14 +201,14 @@ async def test_errors_are_json_with_the_right_status(api, model, body, headers, 
     assert (await api.get("/v2/models/echo/ready")).status_code == 200
 
 
-async def test_unknown_routes_and_methods_answer_json(api) -> None:  # type: ignore[no-untyped-def]
+async def test_unknown_routes_and_methods_answer_json(api: httpx.AsyncClient) -> None:
     response = await api.get("/v3/nothing")
     assert response.status_code == 404 and "error" in response.json()
     response = await api.get("/v2/models/echo/infer")
     assert response.status_code == 405 and "error" in response.json()
 
 
-async def test_failed_model_reports_why_and_others_serve(api) -> None:  # type: ignore[no-untyped-def]
+async def test_failed_model_reports_why_and_others_serve(api: httpx.AsyncClient) -> None:
     response = await api.get("/v2/models/broken/ready")
     assert response.status_code == 503 and "weights file is corrupt" in response.json()["error"]
     assert (await api.get("/v2/models/echo/ready")).status_code == 200

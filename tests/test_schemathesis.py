@@ -8,6 +8,7 @@ a JSON {"error": ...}, and the server must stay ready.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +31,7 @@ def base_url(example_server: RunningServer) -> str:
 
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-def test_no_server_errors(case, base_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_no_server_errors(case: schemathesis.Case[Any], base_url: str) -> None:
     if case.path_parameters and hash(repr(case.body)) % 2 == 0:
         case.path_parameters = {**case.path_parameters, "MODEL_NAME": "echo", "MODEL_VERSION": "1"}
     response = case.call(base_url=base_url)

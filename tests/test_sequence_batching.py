@@ -8,6 +8,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ def one_per_sequence(batches: list[list[tuple[str, bool, bool]]]) -> bool:
 async def test_concurrent_sequences_keep_separate_sums(inprocess: InProcess) -> None:
     model = await serve(inprocess, max_batch_size=8, max_batch_time=0.05)
 
-    async def run(client, n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    async def run(client: httpx.AsyncClient, n: int) -> list[int]:
         sums = [total(await step(client, n, sequence_id=f"s{n}", sequence_start=True))]
         for _ in range(5):
             sums.append(total(await step(client, n, sequence_id=f"s{n}")))
@@ -72,9 +73,13 @@ async def test_a_stream_keeps_arrival_order_within_each_sequence(inprocess: InPr
             )
 
     answers = [r async for r in inprocess.dataplane.infer_stream(requests(), "seq")]
-    assert [a.parameters.sequence_id for a in answers if a.parameters] == [key for key, _ in sent]
+    assert [(a.parameters.model_extra or {})["sequence_id"] for a in answers if a.parameters] == [
+        key for key, _ in sent
+    ]
     for key in "abc":
-        last = [a for a in answers if a.parameters and a.parameters.sequence_id == key][-1]
+        last = [
+            a for a in answers if a.parameters and (a.parameters.model_extra or {})["sequence_id"] == key
+        ][-1]
         assert list(last.outputs[1].data) == [value for k, value in sent if k == key]
     assert one_per_sequence(model.batches)
     assert max(len(b) for b in model.batches) > 1
@@ -91,7 +96,11 @@ async def test_oldest_ready_sequences_go_first(inprocess: InProcess) -> None:
         waiting = []
         for n, key in enumerate("cab", start=1):  # arrival order: c, a, b
             waiting.append(asyncio.create_task(step(client, 1, sequence_id=key)))
-            await until(lambda n=n: scheduler(inprocess).sequences.queued == n)
+
+            def queued(n: int = n) -> bool:
+                return scheduler(inprocess).sequences.queued == n
+
+            await until(queued)
         model.gate.set()
         await asyncio.gather(held, *waiting)
     assert [[key for key, _, _ in batch] for batch in model.batches[-2:]] == [["c", "a"], ["b"]]

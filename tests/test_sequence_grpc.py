@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import httpx
@@ -19,6 +19,7 @@ from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
 from .conftest import TEST_MODELS
+from .grpc_support import InferenceStub
 from .servers import RunningServer, start_server
 
 
@@ -63,7 +64,7 @@ def total(response: pb.ModelInferResponse) -> int:
     return int(np.frombuffer(response.raw_output_contents[0], np.int64)[0])
 
 
-def test_ids_are_echoed_in_the_kind_the_client_used(stub) -> None:
+def test_ids_are_echoed_in_the_kind_the_client_used(stub: InferenceStub) -> None:
     for kind, value in (("int64_param", 101), ("uint64_param", 102), ("string_param", "g-103")):
         first = stub.ModelInfer(step("recorder", 2, sequence_id=(kind, value), sequence_start=True))
         assert total(first) == 2
@@ -73,7 +74,7 @@ def test_ids_are_echoed_in_the_kind_the_client_used(stub) -> None:
         assert total(last) == 5 and last.parameters["sequence_end"].bool_param is True
 
 
-def test_sequence_errors_have_their_status_codes(stub) -> None:
+def test_sequence_errors_have_their_status_codes(stub: InferenceStub) -> None:
     with pytest.raises(grpc.RpcError) as unknown:
         stub.ModelInfer(step("recorder", 1, sequence_id="never-started"))
     assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -88,7 +89,9 @@ def test_sequence_errors_have_their_status_codes(stub) -> None:
     assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reason: end" in ended.value.details()
 
 
-def test_a_pipelined_mlserver_stream_keeps_order_and_reports_errors_for_their_request(stub) -> None:
+def test_a_pipelined_mlserver_stream_keeps_order_and_reports_errors_for_their_request(
+    stub: InferenceStub,
+) -> None:
     """Race: forty requests of two interleaved sequences, plus two bad ones, written without waiting
     for answers; the server reads ahead, yet each sequence sees its requests in order, every answer
     carries its request's id, and an error is reported for the request that caused it."""
@@ -157,13 +160,13 @@ def test_tritonclient_http_sequences(server: RunningServer) -> None:
         client.close()
 
 
-def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub) -> None:
+def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub: InferenceStub) -> None:
     """Race: the gRPC client cancels a call whose request waits behind a running one of the same
     sequence; the sequence must be cancelled before the queued request reaches the model."""
     stats_url = f"{server.http_url}/v2/models/recorder"
 
     def stats() -> dict[str, Any]:
-        return httpx.get(stats_url).json()["parameters"]["stats"]
+        return cast("dict[str, Any]", httpx.get(stats_url).json()["parameters"]["stats"])
 
     def wait_for(condition: Any) -> None:
         deadline = time.monotonic() + 20

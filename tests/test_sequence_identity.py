@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from runtime.errors import SequenceError
 from runtime.sequences import LRUStateStore, parse_control
-from runtime.sequences.identity import apply_transport_fields, mark_response
+from runtime.sequences.identity import SequenceControl, apply_transport_fields, mark_response
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 
-def control(**params):  # type: ignore[no-untyped-def]
+def control(**params: Any) -> SequenceControl | None:
     return parse_control(Parameters(**params))
 
 
@@ -53,7 +55,7 @@ def test_start_without_id_gets_a_server_made_id() -> None:
         {"sequence_end": True},
     ],
 )
-def test_malformed_sequence_fields_are_refused(params: dict) -> None:
+def test_malformed_sequence_fields_are_refused(params: dict[str, Any]) -> None:
     with pytest.raises(SequenceError):
         control(**params)
 

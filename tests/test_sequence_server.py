@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -49,7 +49,7 @@ def connect(server: RunningServer) -> socket.socket:
 
 def stats(server: RunningServer) -> dict[str, Any]:
     meta = httpx.get(f"{server.http_url}/v2/models/recorder", timeout=10).json()
-    return meta["parameters"]["stats"]
+    return cast("dict[str, Any]", meta["parameters"]["stats"])
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -4,6 +4,8 @@ unload, capacity and queue bounds, and the end hook's reason every time."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -275,7 +277,7 @@ async def test_a_failing_state_store_fails_its_batch_and_the_batcher_serves_on(i
     class Flaky(LRUStateStore):
         broken = True
 
-        async def save(self, items):  # type: ignore[no-untyped-def]
+        async def save(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
             if self.broken:
                 self.broken = False
                 raise OSError("state store unreachable")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ from runtime.settings import Settings
 from runtime.version import __version__
 
 from .conftest import TEST_MODELS
-from .servers import start_server
+from .servers import RunningServer, start_server
 
 REPO = TEST_MODELS / "repo"
 
@@ -48,13 +49,13 @@ def test_missing_folder_is_a_clear_error() -> None:
 
 
 @pytest.fixture(scope="module")
-def repo_server():  # type: ignore[no-untyped-def]
+def repo_server() -> Iterator[RunningServer]:
     server = start_server(REPO)
     yield server
     server.stop()
 
 
-def test_repository_is_searched_recursively_and_failures_are_isolated(repo_server) -> None:  # type: ignore[no-untyped-def]
+def test_repository_is_searched_recursively_and_failures_are_isolated(repo_server: RunningServer) -> None:
     url = repo_server.http_url
     body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
     response = httpx.post(f"{url}/v2/models/summer/infer", json=body)
@@ -68,7 +69,7 @@ def test_repository_is_searched_recursively_and_failures_are_isolated(repo_serve
     assert "not-json" in log and "cannot read" in log
 
 
-def test_versions_from_folders(repo_server) -> None:  # type: ignore[no-untyped-def]
+def test_versions_from_folders(repo_server: RunningServer) -> None:
     meta = httpx.get(f"{repo_server.http_url}/v2/models/versioned").json()
     assert meta["versions"] == ["1", "2"]
 

@@ -19,16 +19,16 @@ pytestmark = pytest.mark.anyio
 COUNTER = ModelSettings(
     name="counter",
     implementation=Counter,
-    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
-    parameters={"version": "3"},  # type: ignore[arg-type]
+    inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
+    parameters={"version": "3"},
 )
 WORDS = ModelSettings(name="words", implementation=Words)
 PROMPTED = ModelSettings(
     name="prompted",
     implementation=Words,
-    inputs=[{"name": "prompt", "datatype": "BYTES", "shape": [-1, 1]}],  # type: ignore[list-item]
-    parameters={"extra": {"input": "prompt", "output": "completion"}},  # type: ignore[arg-type]
-    generate={"text_input": "prompt", "text_output": "completion"},  # type: ignore[arg-type]
+    inputs=[{"name": "prompt", "datatype": "BYTES", "shape": [-1, 1]}],
+    parameters={"extra": {"input": "prompt", "output": "completion"}},
+    generate={"text_input": "prompt", "text_output": "completion"},
 )
 
 
@@ -43,7 +43,7 @@ async def client(inprocess: InProcess) -> Any:
         yield client
 
 
-async def stream(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, list[ServerSentEvent] | Any]:
+async def stream(client: httpx.AsyncClient, path: str, body: Any) -> tuple[int, Any]:
     """(status, events) for an event stream, (status, JSON) for anything else."""
     async with aconnect_sse(client, "POST", path, json=body) as source:
         response = source.response

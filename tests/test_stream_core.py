@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -11,11 +12,13 @@ import pytest
 from runtime import MLModel
 from runtime.errors import InvalidInput, ModelFailed, ModelNotFound
 from runtime.settings import ModelSettings
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, RequestOutput, ResponseOutput
 
 from .conftest import InProcess
 from .stream_models import Counter, Endless, Spinner
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +85,7 @@ class ReadAhead(MLModel):
 def x_request(x: int, id: str | None = None, outputs: list[str] | None = None) -> InferenceRequest:
     return InferenceRequest(
         id=id,
-        inputs=[{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],  # type: ignore[list-item]
+        inputs=[{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],
         outputs=[RequestOutput(name=name) for name in outputs] if outputs else None,
     )
 
@@ -93,7 +96,7 @@ async def core(inprocess: InProcess) -> InProcess:
         ModelSettings(
             name="counter",
             implementation=Counter,
-            inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],  # type: ignore[list-item]
+            inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
         ),
         ModelSettings(name="doubler", implementation=Doubler),
         ModelSettings(name="readahead", implementation=ReadAhead),
@@ -102,22 +105,20 @@ async def core(inprocess: InProcess) -> InProcess:
     return inprocess
 
 
-async def collect(
-    stream: AsyncIterator[InferenceResponse | StreamError],
-) -> list[InferenceResponse | StreamError]:
+async def collect(stream: AsyncIterator[T]) -> list[T]:
     return [item async for item in stream]
 
 
 async def test_unary_to_stream_keeps_order_and_the_request_id(core: InProcess) -> None:
     responses = await collect(core.dataplane.infer_stream(stream_of(n_request(5, id="req-1")), "counter"))
-    assert [value(r) for r in responses] == [0, 1, 2, 3, 4]  # type: ignore[arg-type]
-    assert {r.id for r in responses} == {"req-1"}  # type: ignore[union-attr]
-    assert {r.model_name for r in responses} == {"counter"}  # type: ignore[union-attr]
+    assert [value(r) for r in responses] == [0, 1, 2, 3, 4]
+    assert {r.id for r in responses} == {"req-1"}
+    assert {r.model_name for r in responses} == {"counter"}
 
 
 async def test_a_request_without_id_gets_one_id_for_all_its_responses(core: InProcess) -> None:
     responses = await collect(core.dataplane.infer_stream(stream_of(n_request(3)), "counter"))
-    ids = {r.id for r in responses}  # type: ignore[union-attr]
+    ids = {r.id for r in responses}
     assert len(ids) == 1 and None not in ids
 
 
@@ -125,19 +126,19 @@ async def test_each_response_carries_the_id_of_the_request_it_answers(core: InPr
     """MLServer tags every response of a stream with the first request's id; here each keeps its own."""
     requests = [x_request(x, id=f"r{x}") for x in (1, 2, 3)]
     responses = await collect(core.dataplane.infer_stream(stream_of(*requests), "doubler"))
-    assert [(r.id, value(r, "y")) for r in responses] == [("r1", 2), ("r2", 4), ("r3", 6)]  # type: ignore[union-attr,arg-type]
+    assert [(r.id, value(r, "y")) for r in responses] == [("r1", 2), ("r2", 4), ("r3", 6)]
 
 
 async def test_a_model_that_reads_ahead_tags_its_responses_itself(core: InProcess) -> None:
     requests = [n_request(n, id=f"r{n}") for n in (1, 2, 3)]
     responses = await collect(core.dataplane.infer_stream(stream_of(*requests), "readahead"))
-    assert [(r.id, value(r)) for r in responses] == [("r3", 3), ("r2", 2), ("r1", 1)]  # type: ignore[union-attr,arg-type]
+    assert [(r.id, value(r)) for r in responses] == [("r3", 3), ("r2", 2), ("r1", 1)]
 
 
 async def test_requested_outputs_are_filtered_per_request(core: InProcess) -> None:
     requests = [x_request(1, id="a", outputs=["y"]), x_request(2, id="b", outputs=["z"])]
     responses = await collect(core.dataplane.infer_stream(stream_of(*requests), "doubler"))
-    assert [[o.name for o in r.outputs] for r in responses] == [["y"], ["z"]]  # type: ignore[union-attr]
+    assert [[o.name for o in r.outputs] for r in responses] == [["y"], ["z"]]
 
 
 async def test_errors_before_the_first_response_raise_at_the_first_step(core: InProcess) -> None:

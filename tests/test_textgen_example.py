@@ -166,8 +166,8 @@ def piece(response: pb.ModelInferResponse) -> str:
 def test_grpc_stream_tokens_arrive_in_order_and_spell_the_unary_answer(textgen_server: RunningServer) -> None:
     """Two prompts up one ModelStreamInfer (the second raw): each streams one character per
     response, in order, tagged with its request, and spells what /generate answers."""
-    greedy = {"max_tokens": 40, "temperature": 0.0}
-    sampled = {"max_tokens": 30, "temperature": 0.8, "seed": 3}
+    greedy: dict[str, Any] = {"max_tokens": 40, "temperature": 0.0}
+    sampled: dict[str, Any] = {"max_tokens": 30, "temperature": 0.8, "seed": 3}
     requests = [
         textgen_request("greedy", "In the morning", **greedy),
         textgen_request("sampled", "The keeper", raw=True, **sampled),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +348,7 @@ async def test_steps_that_agree_after_the_batch_dimension_share_one_forward_call
     calls: list[int] = []  # rows of each forward call
     infer = model.runner.infer
 
-    async def counting(arrays: dict[str, np.ndarray]) -> Any:
+    async def counting(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, str]]:
         calls.append(arrays["x"].shape[0])
         return await infer(arrays)
 

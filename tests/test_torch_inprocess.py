@@ -193,7 +193,7 @@ async def test_inputs_with_other_names_go_in_declared_order(
 def _request(inputs: dict[str, np.ndarray]) -> InferenceRequest:
     return InferenceRequest(
         inputs=[
-            RequestInput(name=name, shape=list(array.shape), datatype="FP32", data=array)  # type: ignore[arg-type]
+            RequestInput(name=name, shape=list(array.shape), datatype="FP32", data=array)
             for name, array in inputs.items()
         ]
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -11,13 +13,13 @@ from .servers import RunningServer
 
 
 @pytest.fixture(scope="module")
-def client(example_server: RunningServer):  # type: ignore[no-untyped-def]
+def client(example_server: RunningServer) -> Iterator[httpclient.InferenceServerClient]:
     c = httpclient.InferenceServerClient(example_server.http_address)
     yield c
     c.close()
 
 
-def test_health_and_metadata(client) -> None:  # type: ignore[no-untyped-def]
+def test_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     assert client.is_model_ready("echo")
@@ -44,7 +46,9 @@ def test_health_and_metadata(client) -> None:  # type: ignore[no-untyped-def]
         ("BYTES", np.array([[b"hello", b"w\xc3\xb6rld"]], dtype=object)),
     ],
 )
-def test_infer_round_trip(client, datatype: str, array: np.ndarray, binary: bool) -> None:  # type: ignore[no-untyped-def]
+def test_infer_round_trip(
+    client: httpclient.InferenceServerClient, datatype: str, array: np.ndarray, binary: bool
+) -> None:
     inp = httpclient.InferInput("t", list(array.shape), datatype)
     inp.set_data_from_numpy(array, binary_data=binary)
     outputs = [httpclient.InferRequestedOutput("t", binary_data=binary)]
@@ -58,7 +62,7 @@ def test_infer_round_trip(client, datatype: str, array: np.ndarray, binary: bool
     np.testing.assert_array_equal(got, array)
 
 
-def test_default_binary_outputs_when_none_requested(client) -> None:  # type: ignore[no-untyped-def]
+def test_default_binary_outputs_when_none_requested(client: httpclient.InferenceServerClient) -> None:
     x = np.array([[5.84, 3.05, 3.76, 1.20]], dtype=np.float32)
     inp = httpclient.InferInput("x", [1, 4], "FP32")
     inp.set_data_from_numpy(x)
@@ -66,7 +70,7 @@ def test_default_binary_outputs_when_none_requested(client) -> None:  # type: ig
     np.testing.assert_allclose(result.as_numpy("scaled"), np.zeros((1, 4)), atol=1e-5)
 
 
-def test_errors_surface_as_exceptions(client) -> None:  # type: ignore[no-untyped-def]
+def test_errors_surface_as_exceptions(client: httpclient.InferenceServerClient) -> None:
     inp = httpclient.InferInput("y", [1, 4], "FP32")
     inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
     with pytest.raises(InferenceServerException, match="no input 'y'"):

@@ -37,7 +37,7 @@ def build_repository(base: Path) -> Path:
     """The example model folders with their artefacts, built once per session under ``base``
     (pytest's session temporary folder), plus ``broken``, whose model file is missing."""
     builder = load_builder()
-    root = builder.copy_folders(base / "torch-models")
+    root: Path = builder.copy_folders(base / "torch-models")
     builder.build(root)
     broken = root / "broken"
     broken.mkdir()

@@ -16,7 +16,7 @@ def make_tensor(kind: type[Tensor], name: str, array: np.ndarray, datatype: str,
     return kind(
         name=name,
         shape=list(array.shape),
-        datatype=datatype,  # type: ignore[arg-type]
+        datatype=datatype,
         parameters=Parameters(content_type=content_type),
         data=array,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any, get_type_hints
 
@@ -14,7 +14,7 @@ from .lookup import find_input_codec
 
 def decode_args(
     predict: Callable[..., Any],
-) -> Callable[[Any, InferenceRequest], Awaitable[InferenceResponse]]:
+) -> Callable[[Any, InferenceRequest], Coroutine[Any, Any, InferenceResponse]]:
     """Decode each input into the argument of the same name, by its type hint, and encode the result.
 
     ``np.ndarray`` arguments use NumpyCodec, ``list[str]`` StringCodec, ``list[bytes]`` Base64Codec.

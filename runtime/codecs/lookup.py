@@ -7,7 +7,7 @@ There is no mutable global registry: a model that needs another codec passes it 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from .base import InputCodec, RequestCodec
 from .numpy import NumpyCodec, NumpyRequestCodec
@@ -16,8 +16,12 @@ from .string import Base64Codec, StringCodec, StringRequestCodec
 INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec)
 REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)
 
+_Codec = TypeVar("_Codec", type[InputCodec], type[RequestCodec])
 
-def _find(codecs: tuple[Any, ...], content_type: str | None, payload: Any, type_hint: Any) -> Any:
+
+def _find(
+    codecs: tuple[_Codec, ...], content_type: str | None, payload: Any, type_hint: Any
+) -> _Codec | None:
     if content_type is not None:
         return next((c for c in codecs if c.ContentType == content_type), None)
     if type_hint is not None:

@@ -21,7 +21,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 
-class HealthServicer(health.aio.HealthServicer):
+class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
     def __init__(self, dataplane: DataPlane) -> None:
         super().__init__()
         self.dataplane = dataplane

@@ -23,7 +23,7 @@ from ..settings import Settings
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer
-from .streams import stream_handler
+from .stream_rpc import stream_handler
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ class GrpcServer:
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"
         credentials = _credentials(settings)
+        port: int
         try:
             if credentials is None:
                 port = server.add_insecure_port(address)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 # the torch dtype each protocol datatype maps to; BYTES has none
 DTYPES: dict[str, torch.dtype] = {
@@ -77,7 +78,7 @@ def _host_tensor(array: np.ndarray) -> torch.Tensor:
     if array.flags.writeable:
         return torch.from_numpy(array)
     try:
-        return torch.from_dlpack(array)
+        return from_dlpack(array)
     except (BufferError, TypeError, RuntimeError):
         return torch.tensor(array)  # the one copy, where DLPack cannot share the buffer
 

@@ -17,7 +17,7 @@ class Accumulate(MLModel):
         async for payload in payloads:
             total += float(np.sum(payload.inputs[0].data))
             count += 1
-            params = payload.parameters.model_extra if payload.parameters is not None else {}
+            params = (payload.parameters.model_extra or {}) if payload.parameters is not None else {}
             if params.get("last"):
                 break
         if count:

@@ -16,7 +16,7 @@ logger = logging.getLogger("tests.mirror")
 
 class Mirror(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        params = payload.parameters.model_extra if payload.parameters is not None else {}
+        params = (payload.parameters.model_extra or {}) if payload.parameters is not None else {}
         fail = params.get("fail")
         if fail == "input":
             raise InvalidInput("mirror was told the input is bad")
