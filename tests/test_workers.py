@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput, SequenceError, WorkerLost
-from runtime.sequences.model import SequenceStep
+from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
 from runtime.workers import HeldState, WorkerExecutor

@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime import MLModel
 from runtime.errors import InvalidInput
-from runtime.sequences.model import EndReason, SequenceModel, SequenceStep
+from runtime.sequences.sequence_model import EndReason, SequenceModel, SequenceStep
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, ResponseOutput
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import SequenceError, WorkerLost
-from ..sequences.model import SequenceStep
+from ..sequences.sequence_model import SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .pool import WorkerPool

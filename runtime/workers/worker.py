@@ -32,7 +32,7 @@ from typing import Any
 
 from ..model import MLModel
 from ..repository import import_model_class
-from ..sequences.model import SequenceModel, SequenceStep
+from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .connection import Connection
