@@ -62,7 +62,7 @@ class WorkerPool:
         self.retiring: list[WorkerProcess] = []
         self.owners: dict[str, WorkerProcess] = {}
         """Open sequence key → the worker holding its state."""
-        self.lost: LRU = LRU(LOST_MEMORY)
+        self.lost: LRU[str, str] = LRU(LOST_MEMORY)
         """Lost sequence key → why (how its worker died)."""
         self.restarts = 0
         self._ids = itertools.count(1)
