@@ -210,14 +210,24 @@ class WorkerPool:
                 f"Sequence {key!r} has ended (reason: worker_lost): the worker process holding its "
                 f"state died ({self.lost[key]}). Start a new sequence."
             )
+        worker = self.newcomer()
+        self.adopt(key, worker)
+        return worker
+
+    def newcomer(self) -> WorkerProcess:
+        """The ready worker that should take a new sequence: the one with the fewest."""
         ready = [w for w in self.workers if w.status == "READY"]
         if not ready:
             raise ModelNotReady(f"Model {self.name!r} has no worker ready for a new sequence")
-        worker = min(ready, key=lambda w: (len(w.sequences), w.busy))
+        return min(ready, key=lambda w: (len(w.sequences), w.busy))
+
+    def adopt(self, key: str, worker: WorkerProcess) -> None:
+        """Record that ``worker`` holds sequence ``key`` (if no worker is recorded for it yet)."""
+        if key in self.owners or not worker.alive:
+            return
         self.lost.pop(key, None)
         self.owners[key] = worker
         worker.sequences.add(key)
-        return worker
 
     def release(self, key: str) -> WorkerProcess | None:
         """Forget sequence ``key`` (it ended); return the worker that held it."""

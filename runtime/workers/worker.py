@@ -32,6 +32,7 @@ from typing import Any
 
 from ..model import MLModel
 from ..repository import import_model_class
+from ..scheduling.base import RequestFailed, Scheduler
 from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -104,6 +105,8 @@ class Worker:
         self.inboxes: dict[int, _Inbox] = {}
         self.credits: dict[int, _Credit] = {}
         self.pool: ThreadPoolExecutor | None = None
+        self.scheduler: Scheduler | None = None
+        """With continuous batching, the model's batcher runs here (the server forwards requests)."""
         self.blocking = False
         self.done: asyncio.Future[int] | None = None
 
@@ -196,11 +199,19 @@ class Worker:
             return
         self.model, self.settings = model, settings
         self.blocking = not inspect.iscoroutinefunction(model.predict)
+        if settings.continuous_batching:
+            # the worker runs the model's continuous batcher; the server sends it whole requests
+            from ..scheduling import make_scheduler
+
+            self.scheduler = make_scheduler(model, settings.model_copy(update={"workers": 0}))
+            await self.scheduler.start()
         self._send(("ready", 0, os.getpid()))
 
     async def _stop(self) -> None:
         others = [t for t in self.tasks.values() if t is not asyncio.current_task()]
         await asyncio.gather(*others, return_exceptions=True)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         if self.model is not None:
             self.model.ready = False
             try:
@@ -220,6 +231,8 @@ class Worker:
     async def _predict(self, request: InferenceRequest) -> InferenceResponse:
         model = self.model
         assert model is not None and self.settings is not None
+        if self.scheduler is not None:
+            return await self.scheduler.infer(request)
         if not self.blocking:
             return await model.predict(request)
         if self.pool is None:
@@ -228,9 +241,13 @@ class Worker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, model.predict, request)  # type: ignore[arg-type]
 
-    def _open(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    def _open(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
         model = self.model
         assert model is not None
+        if self.scheduler is not None:
+            return self.scheduler.stream(requests)
         if type(model).predict_stream is not MLModel.predict_stream or not self.blocking:
             return model.predict_stream(requests)
         return self._each(requests)
@@ -264,6 +281,8 @@ class Worker:
             async with aclosing(self._open(self._requests(ident, inbox))) as responses:  # type: ignore[type-var]
                 async for response in responses:
                     await credit.take()
+                    if isinstance(response, RequestFailed):  # one request of the stream failed
+                        response = RequestFailed(portable(response.error), response.request_id)  # type: ignore[arg-type]
                     self._send(("chunk", ident, response))
         except Exception as exc:
             self._fail(ident, exc)
