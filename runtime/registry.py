@@ -34,6 +34,8 @@ class ModelEntry:
     reason: str = ""
     model: MLModel | None = None
     scheduler: Scheduler | None = field(default=None, repr=False)
+    workers: WorkerExecutor | None = field(default=None, repr=False)
+    """The worker processes running the model (None: it runs in the server process)."""
 
     @property
     def name(self) -> str:
@@ -45,6 +47,8 @@ class ModelEntry:
 
     @property
     def ready(self) -> bool:
+        if self.workers is not None and not self.workers.ready:
+            return False  # every worker is dead or restarting
         return self.state is State.READY and self.model is not None and self.model.ready
 
 
@@ -58,7 +62,11 @@ def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
 class Registry:
     """Loaded models by name and version."""
 
-    def __init__(self) -> None:
+    def __init__(self, parallel_workers: int = 0, grace: float = 30.0) -> None:
+        self.parallel_workers = parallel_workers
+        """Worker processes per model for models whose settings do not set ``workers``."""
+        self.grace = grace
+        """Seconds a worker gets to finish its work when its model is unloaded or scaled down."""
         self._entries: dict[str, dict[str | None, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._defaults: dict[str, str | None] = {}
@@ -156,11 +164,19 @@ class Registry:
             logger.info("Model %r (version %s) loaded", settings.name, settings.version)
             return entry
 
+    def workers_for(self, settings: ModelSettings) -> int:
+        """How many worker processes run a model with these settings (0: the server process)."""
+        return settings.workers if settings.workers is not None else self.parallel_workers
+
     async def _start(self, entry: ModelEntry) -> None:
         cls = import_model_class(entry.settings)
         if not issubclass(cls, MLModel):
             raise TypeError(f"{cls.__qualname__} is not a subclass of runtime.MLModel")
         model = cls(entry.settings)
+        workers = self.workers_for(entry.settings)
+        if workers:
+            await self._start_in_workers(entry, model, workers)
+            return
         loaded = await model.load()
         if loaded is False:
             raise RuntimeError("load() returned False")
@@ -175,11 +191,32 @@ class Registry:
         entry.model, entry.scheduler = model, scheduler
         entry.state, entry.reason = State.READY, ""
 
+    async def _start_in_workers(self, entry: ModelEntry, model: MLModel, workers: int) -> None:
+        """Each of ``workers`` processes loads its own copy of the model; the instance here is not
+        loaded: it only tells the scheduler what kind of model it is."""
+        executor = WorkerExecutor(entry.settings, workers, grace=self.grace)
+        await executor.start()
+        model.ready = True
+        try:
+            scheduler = make_scheduler(model, entry.settings, executor)
+            await scheduler.start()
+        except BaseException:
+            model.ready = False
+            await executor.stop()
+            raise
+        entry.model, entry.scheduler, entry.workers = model, scheduler, executor
+        entry.state, entry.reason = State.READY, ""
+
     async def _retire(self, entry: ModelEntry) -> None:
         entry.state = State.UNLOADING
         try:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
+            if entry.workers is not None:  # they drain, unload their copies and exit
+                if entry.model is not None:
+                    entry.model.ready = False
+                await entry.workers.stop()
+                return
             if entry.model is not None:
                 entry.model.ready = False
                 await entry.model.unload()
@@ -193,8 +230,8 @@ class Registry:
         their work and their open sequences. Moving between the server process and workers
         reloads the model (the registry swaps the new instance in once it is ready).
         """
-        executor = getattr(entry.scheduler, "executor", None)
-        if workers >= 1 and isinstance(executor, WorkerExecutor):
+        executor = entry.workers
+        if workers >= 1 and executor is not None:
             await executor.scale(workers)
             entry.settings.workers = workers
             return

@@ -51,7 +51,7 @@ class Server:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.registry = Registry()
+        self.registry = Registry(settings.parallel_workers, settings.shutdown_grace_period)
         self.dataplane = DataPlane(settings, self.registry)
         self.http_port: int | None = None
         self.grpc_port: int | None = None

@@ -45,8 +45,7 @@ class Registered:
 
 def executor_of(entry: ModelEntry) -> WorkerExecutor | None:
     """The worker executor serving ``entry``, if it runs in worker processes."""
-    executor = getattr(entry.scheduler, "executor", None)
-    return executor if isinstance(executor, WorkerExecutor) else None
+    return entry.workers
 
 
 class Management:

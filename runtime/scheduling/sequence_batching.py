@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
@@ -41,6 +41,9 @@ from .base import RequestFailed, Scheduler
 from .batch_strategy import OneInFlight
 from .sequence_streams import serve_stream
 
+if TYPE_CHECKING:
+    from ..workers import WorkerExecutor
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,6 +56,7 @@ class SequenceScheduler(Scheduler):
         settings: ModelSettings,
         store: StateStore | None = None,
         stateless: Scheduler | None = None,
+        workers: WorkerExecutor | None = None,
     ) -> None:
         super().__init__(model, settings)
         if not isinstance(model, SequenceModel):
@@ -63,7 +67,13 @@ class SequenceScheduler(Scheduler):
         self.seq_model: SequenceModel = model
         self._wake = asyncio.Event()
         self.strategy = OneInFlight(self._wake)
-        self.engine = SequenceEngine(settings, model.sequence_ended, self.strategy, store)
+        self.workers = workers
+        """With ``workers``, each sequence's steps run in the worker process that holds its state."""
+        ended = model.sequence_ended if workers is None else workers.sequence_ended
+        self._predict_sequences = model.predict_sequences if workers is None else workers.predict_sequences
+        self.engine = SequenceEngine(settings, ended, self.strategy, store)
+        if workers is not None:
+            workers.pool.on_lost = self._lost
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
@@ -111,6 +121,12 @@ class SequenceScheduler(Scheduler):
         await self.engine.stop()
         if self.stateless is not None:
             await self.stateless.stop()
+
+    def _lost(self, keys: list[str], why: str) -> None:
+        """The worker that held these sequences died: they end (reason ``worker_lost``)."""
+        for key in keys:
+            self.engine.lose(key)
+        logger.warning("Model %r lost %d sequence(s): %s", self.settings.name, len(keys), why)
 
     # ------------------------------------------------------------------ requests
 
@@ -219,7 +235,7 @@ class SequenceScheduler(Scheduler):
         self.steps += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
-            results = list(await self.seq_model.predict_sequences(steps))
+            results = list(await self._predict_sequences(steps))
             if len(results) != len(steps):
                 error = ModelFailed(
                     f"Model {self.settings.name!r} returned {len(results)} results for {len(steps)} sequence steps"

@@ -108,9 +108,10 @@ class WorkerExecutor(Executor):
         await asyncio.gather(*(run(worker, indexes) for worker, indexes in parts.items()))
         return [r if r is not None else RuntimeError("no result") for r in results]
 
-    async def sequence_ended(self, key: str, reason: str) -> None:
+    async def sequence_ended(self, key: str, reason: str, state: Any = None) -> None:
         """Tell the worker holding ``key`` that the sequence ended (it drops the state and tells
-        the model); nothing to do when that worker is gone."""
+        the model); nothing to do when that worker is gone. ``state`` (a :class:`HeldState`, what
+        the server kept) is not needed: the worker has the real one."""
         worker = self.pool.release(key)
         if worker is not None and worker.alive:
             await worker.call("seq_end", (key, reason))
