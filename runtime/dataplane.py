@@ -24,6 +24,7 @@ from .generate import (
 )
 from .ids import new_id
 from .model_config import model_config
+from .observability.observer import Observer
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
 from .routing import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
@@ -59,6 +60,8 @@ class DataPlane:
         self.draining = False
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
+        self.observer: Observer | None = None
+        """Metrics and traces of requests and streams (None: both off); see runtime.observability."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -114,6 +117,11 @@ class DataPlane:
         self, request: InferenceRequest, name: str, version: str | None = None
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
+        if self.observer is not None:
+            return await self.observer.infer(name, version, lambda: self._infer(request, name, version))
+        return await self._infer(request, name, version)
+
+    async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:
         entry = self._entry(name, version)
         prepare_request(request, entry)
         assert entry.scheduler is not None
@@ -199,12 +207,23 @@ class DataPlane:
         entry = self._entry(name, version)
         session = StreamSession(entry, requests, prepare_request, finish_response)
         self.streams.opened()
+        observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
+        ended = False  # the stream ran to its end, or ended with its error: not left by the client
         try:
             async with aclosing(session.run(in_band)) as items:
                 async for item in items:
+                    if observed is not None:
+                        observed.event()
+                        ended = not in_band and isinstance(item, StreamError)
                     yield item
+            ended = True
+        except Exception:
+            ended = True
+            raise
         finally:
             self.streams.closed()
+            if observed is not None:
+                observed.close(cancelled=not ended)
 
     # ------------------------------------------------------------------ model repository
 

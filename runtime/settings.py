@@ -76,7 +76,25 @@ class Settings(BaseSettings):
     """Level of the server's own logs."""
 
     access_log: bool = False
-    """Log every HTTP request (off by default: it costs throughput)."""
+    """Log one line per REST request, gRPC call and stream (logger ``runtime.access``): time,
+    transport, route or RPC, model, version, status, duration, request id, sequence id and trace
+    id. Off by default: it costs throughput."""
+
+    use_structured_logging: bool = False
+    """Write every log line as one JSON object (MLServer's name), access log lines included."""
+
+    metrics_endpoint: str | None = "/metrics"
+    """Path of the Prometheus metrics, served on ``metrics_port``; empty (or null) turns metrics off
+    (nothing is counted then)."""
+
+    metrics_port: int = Field(default=8082, ge=0, le=65535)
+    """Port of the Prometheus metrics server; 0 picks a free port (the chosen one is logged)."""
+
+    tracing_server: str | None = None
+    """OTLP endpoint the OpenTelemetry traces are exported to, e.g. ``http://collector:4318`` (OTLP
+    over HTTP) or ``collector:4317`` (OTLP over gRPC). Needs the ``tracing`` extra. Unset: traces
+    are on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
@@ -119,6 +137,10 @@ class Settings(BaseSettings):
         settings = cls(**data)
         settings._source = Path(path) if path is not None else None
         return settings
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return bool(self.metrics_endpoint)
 
 
 class ModelParameters(BaseModel):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import MLModel
+from ..observability.stats import ExecutionStats
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 
@@ -33,6 +34,8 @@ class Scheduler(abc.ABC):
     def __init__(self, model: MLModel, settings: ModelSettings) -> None:
         self.model = model
         self.settings = settings
+        self.stats = ExecutionStats()
+        """Model executions, for the metrics (each strategy reports where it calls the model)."""
 
     async def start(self) -> None:
         """Start background tasks, if the strategy has any."""
