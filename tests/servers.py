@@ -23,7 +23,7 @@ from runtime.server import Server
 from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"mlserver-like ready: (.*)$")
+READY = re.compile(r"mlserver-like ready: ([^\"]*)")  # a text line, or the message of a JSON one
 
 
 class RunningServer:
