@@ -25,6 +25,8 @@ SETTINGS_FILENAME = "settings.json"
 MODEL_SETTINGS_FILENAME = "model-settings.json"
 ENV_PREFIX = "MLSERVER_"
 MODEL_ENV_PREFIX = "MLSERVER_MODEL_"
+MODEL_ENV_PARAMETERS = ("uri", "version", "format", "content_type", "extra")
+"""Parameters read from ``MLSERVER_MODEL_<NAME>`` directly (no ``PARAMETERS__``), as MLServer does."""
 
 
 class Settings(BaseSettings):
@@ -299,6 +301,34 @@ class ModelSettings(BaseSettings):
     def folder(self) -> Path | None:
         """The folder of the model-settings.json this came from, if any."""
         return self._source.parent if self._source else None
+
+    @classmethod
+    def from_environment(cls) -> ModelSettings:
+        """The one model that ``MLSERVER_MODEL_*`` variables describe, read as MLServer reads them
+        (what KServe sets): ``NAME``, ``IMPLEMENTATION`` and the other fields of this class, and
+        the parameters ``URI``, ``VERSION``, ``FORMAT``, ``CONTENT_TYPE`` and ``EXTRA`` (a JSON
+        object) without a ``PARAMETERS__`` prefix. When the URI is a folder (KServe's
+        ``/mnt/models``), the model's code may live there, as beside a model-settings.json."""
+        settings = cls()
+        found: dict[str, Any] = {}
+        for field in MODEL_ENV_PARAMETERS:
+            raw = os.environ.get(MODEL_ENV_PREFIX + field.upper())
+            if raw is None:
+                continue
+            if field == "extra":
+                try:
+                    found[field] = json.loads(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{MODEL_ENV_PREFIX}EXTRA must be a JSON object: {exc}") from exc
+            else:
+                found[field] = raw
+        if found:
+            own = settings.parameters.model_dump(exclude_unset=True) if settings.parameters else {}
+            settings.parameters = ModelParameters(**{**found, **own})
+        uri = settings.parameters.uri if settings.parameters else None
+        if uri and Path(uri).is_dir():
+            settings._source = Path(uri) / MODEL_SETTINGS_FILENAME
+        return settings
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ModelSettings:
