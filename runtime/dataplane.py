@@ -118,7 +118,7 @@ class DataPlane:
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
         if self.observer is not None:
-            return await self.observer.infer(name, version, lambda: self._infer(request, name, version))
+            return await self.observer.infer(name, version, self._infer(request, name, version))
         return await self._infer(request, name, version)
 
     async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:

@@ -74,17 +74,27 @@ def log_access(
     )
 
 
+_ROUTES: dict[str, str] = {}
+_ROUTES_KEPT = 4096  # paths whose template is remembered (paths name models: a bounded set, mostly)
+
+
 def route_of(scope: dict[str, Any]) -> str:
     """The route's template (``/v2/models/{model_name}/infer``): a bounded label, unlike the path."""
     if "endpoint" not in scope:
         return UNMATCHED
-    params: dict[str, Any] = scope.get("path_params") or {}
     path: str = scope["path"]
-    if not params:
-        return path
-    segments = path.split("/")
-    values = {str(v): k for k, v in params.items()}
-    return "/".join("{" + values[s] + "}" if s in values else s for s in segments)
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
+    params: dict[str, Any] = scope.get("path_params") or {}
+    if params:
+        values = {str(v): k for k, v in params.items()}
+        route = "/".join("{" + values[s] + "}" if s in values else s for s in path.split("/"))
+    else:
+        route = path
+    if len(_ROUTES) < _ROUTES_KEPT:
+        _ROUTES[path] = route
+    return route
 
 
 class ObservedApp:

@@ -7,8 +7,8 @@ holds None and pays nothing. Nothing here changes what a request gets.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown
 from .counts import ModelCounters, Recorder
@@ -52,17 +52,17 @@ class Observer:
             return None  # unknown names are not labels: a client could invent any number of them
         return self.recorder.model(entry.name, entry.version)
 
-    async def infer(self, name: str, version: str | None, call: Callable[[], Awaitable[T]]) -> T:
-        """Run ``call`` (the DataPlane serving one request), counting and tracing it."""
+    async def infer(self, name: str, version: str | None, call: Coroutine[Any, Any, T]) -> T:
+        """Await ``call`` (the DataPlane serving one request), counting and tracing it."""
         counters = self._counters(name, version)
         if counters is None and self.tracing is None:
-            return await call()
+            return await call
         span = self.tracing.infer_span(name, version) if self.tracing is not None else None
         start = time.perf_counter()
         if counters is not None:
             counters.pending += 1
         try:
-            result = await call()
+            result = await call
         except BaseException as exc:
             if counters is not None:
                 counters.failure += 1
