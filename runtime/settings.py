@@ -123,6 +123,13 @@ class Settings(BaseSettings):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @field_validator("metrics_endpoint")
+    @classmethod
+    def _metrics_path(cls, value: str | None) -> str | None:
+        if value and not value.startswith("/"):
+            raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
+        return value or None
+
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.grpc_tls_certificate is None) != (self.grpc_tls_private_key is None):

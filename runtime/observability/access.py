@@ -8,9 +8,11 @@ and errors are the transports' own.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -192,12 +194,31 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):
             kind, behaviour = "unary", handler.unary_unary
         elif handler.stream_stream is not None:
             kind, behaviour = "bidi_stream", handler.stream_stream
-        else:  # no such methods in this service
+        else:  # unary-stream (Health.Watch) and stream-unary calls pass unobserved
             return handler
-        observe = self._observe
+        call = _Call(kind, service, method, full, metadata)
+        observe, begin, end = self._observe, self._begin, self._end
 
-        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await observe(behaviour, request, context, kind, service, method, full, metadata)
+        if inspect.isasyncgenfunction(behaviour):  # a handler that yields its responses (reflection)
+
+            async def observed_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                start = begin(call, traced=False)
+                code: Any = grpc.StatusCode.OK
+                try:
+                    async for response in behaviour(request, context):
+                        yield response
+                    code = context.code() or grpc.StatusCode.OK
+                except BaseException as exc:
+                    code = context.code() or _failure(exc)
+                    raise
+                finally:
+                    end(call, start, None, code, request, None)
+
+            observed: Any = observed_stream
+        else:
+
+            async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await observe(behaviour, request, context, call)
 
         make = (
             grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.stream_stream_rpc_method_handler
@@ -208,47 +229,48 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
 
-    async def _observe(
-        self,
-        behaviour: Any,
-        request: Any,
-        context: grpc.aio.ServicerContext,
-        kind: str,
-        service: str,
-        method: str,
-        full: str,
-        metadata: dict[str, str],
-    ) -> Any:
-        start = time.perf_counter()
+    def _begin(self, call: _Call, traced: bool = True) -> tuple[float, Any]:
         if self.recorder is not None:
-            self.recorder.grpc_start(kind, service, method)
+            self.recorder.grpc_start(call.kind, call.service, call.method)
         span = None
-        if self.tracing is not None:
+        if traced and self.tracing is not None:
             span = self.tracing.server_span(
-                full.lstrip("/"),
-                metadata,
-                {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+                call.full.lstrip("/"),
+                call.metadata,
+                {"rpc.system": "grpc", "rpc.service": call.service, "rpc.method": call.method},
             )
-        code = grpc.StatusCode.OK
+        return time.perf_counter(), span
+
+    def _end(
+        self, call: _Call, start: tuple[float, Any], span: Any, code: Any, request: Any, response: Any
+    ) -> None:
+        status = _status(code)
+        seconds = time.perf_counter() - start[0]
+        span = span or start[1]
+        if span is not None:
+            span.finish(
+                route=call.full.lstrip("/"), status=status.name, error=status is not grpc.StatusCode.OK
+            )
+        if self.recorder is not None:
+            self.recorder.grpc_done(call.kind, call.service, call.method, status.name, seconds)
+        if self.access_log:
+            self._log(request, response, call.metadata, call.full, status, seconds, span)
+
+    async def _observe(
+        self, behaviour: Any, request: Any, context: grpc.aio.ServicerContext, call: _Call
+    ) -> Any:
+        start = self._begin(call)
+        code: Any = grpc.StatusCode.OK
         response = None
         try:
             response = await behaviour(request, context)
             code = context.code() or grpc.StatusCode.OK
             return response
         except BaseException as exc:
-            code = context.code() or (
-                grpc.StatusCode.CANCELLED if _is_cancel(exc) else grpc.StatusCode.UNKNOWN
-            )
+            code = context.code() or _failure(exc)
             raise
         finally:
-            code = _status(code)
-            seconds = time.perf_counter() - start
-            if span is not None:
-                span.finish(route=full.lstrip("/"), status=code.name, error=code is not grpc.StatusCode.OK)
-            if self.recorder is not None:
-                self.recorder.grpc_done(kind, service, method, code.name, seconds)
-            if self.access_log:
-                self._log(request, response, metadata, full, code, seconds, span)
+            self._end(call, start, None, code, request, response)
 
     def _log(
         self,
@@ -274,10 +296,17 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):
         log_access("grpc", full, model, version, code.name, seconds, request_id, sequence_id, trace_id)
 
 
-def _is_cancel(exc: BaseException) -> bool:
-    import asyncio
+class _Call:
+    """What names one gRPC method, for its counts and log lines."""
 
-    return isinstance(exc, asyncio.CancelledError)
+    __slots__ = ("full", "kind", "metadata", "method", "service")
+
+    def __init__(self, kind: str, service: str, method: str, full: str, metadata: dict[str, str]) -> None:
+        self.kind, self.service, self.method, self.full, self.metadata = kind, service, method, full, metadata
+
+
+def _failure(exc: BaseException) -> grpc.StatusCode:
+    return grpc.StatusCode.CANCELLED if isinstance(exc, asyncio.CancelledError) else grpc.StatusCode.UNKNOWN
 
 
 def _status(code: Any) -> grpc.StatusCode:
