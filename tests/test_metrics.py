@@ -333,3 +333,27 @@ def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any) -> No
     access = [d for d in documents if d["logger"] == "runtime.access"]
     assert [d["route"] for d in access] == ["POST /v2/models/{model_name}/infer", "GET /v2/health/ready"]
     assert any("ready" in d["message"] for d in documents)
+
+
+async def test_streams_the_client_leaves_are_counted_as_cancelled() -> None:
+    from .stream_models import Endless
+
+    async with serving(ModelSettings(name="endless", implementation=Endless)) as server:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        base = f"http://127.0.0.1:{server.http_port}"
+        async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+            for events in (1, 3):
+                stream = aconnect_sse(client, "POST", "/v2/models/endless/infer_stream", json={"inputs": []})
+                async with stream as source:
+                    seen = 0
+                    async for _ in source.aiter_sse():
+                        seen += 1
+                        if seen == events:
+                            break  # leaving the block closes the connection mid-stream
+        await asyncio.wait_for(server.dataplane.streams.wait_idle(), 30)
+        samples = await scrape(server.metrics_port or 0)
+    labels = {"model_name": "endless", "model_version": ""}
+    assert value(samples, "model_streams_total", **labels) == 2
+    assert value(samples, "model_streams_cancelled_total", **labels) == 2
+    assert value(samples, "model_streams_open", **labels) == 0
+    assert value(samples, "model_stream_events_sent_total", **labels) >= 4
