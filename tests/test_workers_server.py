@@ -132,8 +132,7 @@ async def test_a_killed_worker_fails_only_its_requests_and_sequences() -> None:
                 asyncio.ensure_future(oip.post("/v2/models/echo/infer", json=body(i, sleep=1.5)))
                 for i in range(6)
             ]
-            while victim.busy < 3:  # the load reached both workers
-                await asyncio.sleep(0.01)
+            await until(lambda: victim.busy >= 3)  # the load reached both workers
             os.kill(victim.pid or 0, signal.SIGKILL)
             answers = await asyncio.gather(*slow)
             failed = [a for a in answers if a.status_code != 200]
@@ -154,8 +153,7 @@ async def test_a_killed_worker_fails_only_its_requests_and_sequences() -> None:
             lost = set(lost_worker.sequences)
             os.kill(lost_worker.pid or 0, signal.SIGKILL)
             await sums.pool.until_ready(2)
-            while any(w.pid == lost_worker.pid for w in sums.pool.workers):
-                await asyncio.sleep(0.01)
+            await until(lambda: all(w.pid != lost_worker.pid for w in sums.pool.workers))
             for i in range(8):
                 answer = await oip.post("/v2/models/sum/infer", json=body(1, sequence_id=i))
                 if str(i) in lost:
@@ -188,8 +186,7 @@ async def test_scale_1_3_1_under_load_loses_nothing() -> None:
             assert up.status_code == 200 and up.json()["status"] == "Workers scaled to 3 for model: echo"
             assert len((await admin.get("/models/echo")).json()[0]["workers"]) == 3
             seen = len(pids)
-            while len(set(pids[seen:])) < 3:
-                await asyncio.sleep(0.05)
+            await until(lambda: len(set(pids[seen:])) == 3)
             down = await admin.put("/models/echo", params={"min_worker": 1, "synchronous": "true"})
             assert down.status_code == 200
             stop.set()

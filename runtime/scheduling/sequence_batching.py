@@ -233,6 +233,7 @@ class SequenceScheduler(Scheduler):
         self._running = len(batch)
         self.batches += 1
         self.steps += len(batch)
+        self.stats.executed(len(batch))
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
             results = list(await self._predict_sequences(steps))
