@@ -147,6 +147,14 @@ async def test_a_killed_worker_fails_only_its_requests_and_sequences() -> None:
                 w["status"] == "READY" for w in described["workers"]
             )
             assert victim.pid not in {w["pid"] for w in described["workers"]}
+            # the metrics show it
+            scraped = (await oip.get(f"http://127.0.0.1:{server.metrics_port}/metrics")).text
+            assert 'model_worker_restarts_total{model_name="echo",model_version=""} 1.0' in scraped
+            assert 'model_workers{model_name="echo",model_version="",status="READY"} 2.0' in scraped
+            assert (
+                'model_infer_request_rejected_total{model_name="echo",model_version="",reason="worker_lost"} 3.0'
+                in scraped
+            )
             # the sequence model's workers are separate processes: kill one, its sequences are lost
             sums = executor(server, "sum")
             lost_worker = sums.pool.workers[0]
