@@ -4,7 +4,7 @@
 end in TorchServe's shape, on its own port; ``auth`` the key that guards it.
 """
 
-from .app import create_management_app
+from .api import create_management_app
 from .auth import ManagementKey
 from .operations import Management
 

@@ -1,6 +1,6 @@
 """Management operations, transport-free: list, describe, register, scale, set-default, unregister.
 
-The management front end (``app.py``, TorchServe's REST shape) translates HTTP to these calls and
+The management front end (``api.py``, TorchServe's REST shape) translates HTTP to these calls and
 their errors (the tree in ``runtime.errors``) to TorchServe's error bodies. Registration reads a
 model from a local folder (its model-settings.json) or an archive of one (.tar.gz, .tgz, .tar,
 .zip, .mar), only from where ``allowed_urls`` allows (by default: inside the model repository).

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..continuous import ContinuousModel
 from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
+from ..workers import WorkerExecutor
 from .adaptive import AdaptiveScheduler
 from .base import RequestFailed, Scheduler
 from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
+from .forwarding import ForwardingScheduler
 from .sequence_batching import SequenceScheduler
-
-if TYPE_CHECKING:
-    from ..workers import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +31,6 @@ def make_scheduler(
     server forwards requests to them."""
     if settings.continuous_batching:
         if workers is not None:
-            from ..workers.forwarding import ForwardingScheduler
-
             return ForwardingScheduler(model, settings, workers)
         return ContinuousScheduler(model, settings)
     if isinstance(model, ContinuousModel) and not _answers_alone(model):
@@ -79,6 +75,7 @@ __all__ = [
     "AdaptiveScheduler",
     "ContinuousScheduler",
     "DirectScheduler",
+    "ForwardingScheduler",
     "RequestFailed",
     "Scheduler",
     "SequenceScheduler",

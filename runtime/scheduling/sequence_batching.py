@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
@@ -37,12 +37,10 @@ from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+from ..workers import WorkerExecutor
 from .base import RequestFailed, Scheduler
 from .batch_strategy import OneInFlight
 from .sequence_streams import serve_stream
-
-if TYPE_CHECKING:
-    from ..workers import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 

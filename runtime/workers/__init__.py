@@ -5,9 +5,9 @@ the processes (restart, least-busy dispatch, sequence affinity, scaling, drain);
 is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``protocol`` (the messages).
 """
 
-from .executor import WorkerExecutor
 from .pool import WorkerPool
 from .process import WorkerProcess
 from .protocol import HeldState
+from .worker_executor import WorkerExecutor
 
 __all__ = ["HeldState", "WorkerExecutor", "WorkerPool", "WorkerProcess"]

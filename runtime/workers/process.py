@@ -155,7 +155,7 @@ class WorkerProcess:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "runtime.workers",
+                "runtime.worker_process",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,

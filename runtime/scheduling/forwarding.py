@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..model import MLModel
-from ..scheduling.base import RequestFailed, Scheduler
 from ..sequences.identity import ID, parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .executor import WorkerExecutor
-from .process import WorkerProcess
+from ..workers import WorkerExecutor, WorkerProcess
+from .base import RequestFailed, Scheduler
 
 
 class ForwardingScheduler(Scheduler):

@@ -1,6 +1,6 @@
 """The worker process: one copy of one model, serving what its server sends over a socket.
 
-Started by the server as ``python -m runtime.workers FD`` with one end of a socket pair as file
+Started by the server as ``python -m runtime.worker_process FD`` with one end of a socket pair as file
 descriptor FD. It loads the model from the settings it is sent, answers ``ready`` (or ``failed``
 and exits 1), then serves calls, streams and sequence steps, each as a task of its own, so that a
 stream or a slow call never holds up the others, and cancellation reaches the model's code.
@@ -8,7 +8,7 @@ A plain ``def predict`` runs on the model's own threads, as in the server proces
 
 Sequence states live here: ``seq`` steps get the state the previous step of their sequence left,
 and ``seq_end`` drops it (and calls the model's ``sequence_ended``). The server keeps only a
-:class:`~.protocol.HeldState` that says which worker holds it.
+:class:`~runtime.workers.protocol.HeldState` that says which worker holds it.
 
 The worker exits when its server's end of the socket closes (the server died or gave it up), and
 ignores SIGINT: the server decides when its workers stop (``stop``: unload, then exit 0).
@@ -30,14 +30,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any
 
-from ..model import MLModel
-from ..repository import import_model_class
-from ..scheduling.base import RequestFailed, Scheduler
-from ..sequences.sequence_model import SequenceModel, SequenceStep
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .connection import Connection
-from .protocol import ACK_EVERY, WINDOW, portable
+from .model import MLModel
+from .repository import import_model_class
+from .scheduling import make_scheduler
+from .scheduling.base import RequestFailed, Scheduler
+from .sequences.sequence_model import SequenceModel, SequenceStep
+from .settings import ModelSettings
+from .types import InferenceRequest, InferenceResponse
+from .workers.connection import Connection
+from .workers.protocol import ACK_EVERY, WINDOW, portable
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +202,6 @@ class Worker:
         self.blocking = not inspect.iscoroutinefunction(model.predict)
         if settings.continuous_batching:
             # the worker runs the model's continuous batcher; the server sends it whole requests
-            from ..scheduling import make_scheduler
-
             self.scheduler = make_scheduler(model, settings.model_copy(update={"workers": 0}))
             await self.scheduler.start()
         self._send(("ready", 0, os.getpid()))
@@ -344,3 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     code: int = runner(Worker(sock).run())
     sys.stdout.flush()
     os._exit(code)  # threads still inside a model's code must not hold the exit up
+
+
+if __name__ == "__main__":
+    main()
