@@ -18,6 +18,7 @@ import bisect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -287,13 +288,12 @@ def new_registry(collector: ServerCollector) -> CollectorRegistry:
 
 def metrics_app(registry: CollectorRegistry, path: str) -> Callable[..., Any]:
     """A tiny ASGI app: GET ``path`` answers the text exposition, anything else 404."""
-    from ..rest.codec import dumps
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
             return
         if scope["path"].rstrip("/") != path.rstrip("/") or scope["method"] not in ("GET", "HEAD"):
-            status, body, kind = 404, dumps({"error": "Not Found"}), "application/json"
+            status, body, kind = 404, orjson.dumps({"error": "Not Found"}), "application/json"
         else:
             status, body, kind = 200, generate_latest(registry), CONTENT_TYPE_LATEST
         headers = [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]
