@@ -261,3 +261,33 @@ def test_sigterm_drains_the_workers(tmp_path: Any) -> None:
     for gone in pids:  # unloaded, then exited
         with pytest.raises(ProcessLookupError):
             os.kill(gone, 0)
+
+
+async def test_register_with_workers_then_move_in_and_out_of_the_server_process(tmp_path: Any) -> None:
+    folder = tmp_path / "echo"
+    folder.mkdir()
+    (folder / "model-settings.json").write_text(
+        '{"name": "echo", "implementation": "tests.worker_models.Echo"}'
+    )
+    async with serving(model_repository_root=str(tmp_path), load_models_at_startup=False) as server:
+        async with clients(server) as (oip, admin):
+            answer = await admin.post(
+                "/models", params={"url": "echo", "initial_workers": 2, "synchronous": "true"}
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["status"] == 'Model "echo" Version: None registered with 2 initial workers'
+            described = (await admin.get("/models/echo")).json()[0]
+            assert described["parallelType"] == "workers" and len(described["workers"]) == 2
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) != os.getpid()
+            inside = await admin.put("/models/echo", params={"min_worker": 0, "synchronous": "true"})
+            assert inside.status_code == 200, inside.text
+            assert (await admin.get("/models/echo")).json()[0]["parallelType"] == "in_process"
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) == os.getpid()
+            out = await admin.put("/models/echo", params={"min_worker": 1, "synchronous": "true"})
+            assert out.status_code == 200
+            assert len((await admin.get("/models/echo")).json()[0]["workers"]) == 1
+            # unregistering drains: a request in flight is answered
+            slow = asyncio.ensure_future(oip.post("/v2/models/echo/infer", json=body(1, sleep=0.5)))
+            await until(lambda: executor(server, "echo").pool.workers[0].busy == 1)
+            assert (await admin.delete("/models/echo")).status_code == 200
+            assert (await slow).status_code == 200
