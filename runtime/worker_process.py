@@ -326,9 +326,26 @@ class Worker:
         self._send(("ok", ident, None))
 
 
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when the server dies, even if a model keeps
+    the event loop from noticing that the socket closed (``PR_SET_PDEATHSIG``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no libc prctl: the socket still ends it
+        pass
+    if os.getppid() == 1:  # the server died before the call above took effect
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     logging.basicConfig(
         level=os.environ.get("MLSERVER_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(name)s: %(message)s",

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -291,3 +292,37 @@ async def test_register_with_workers_then_move_in_and_out_of_the_server_process(
             await until(lambda: executor(server, "echo").pool.workers[0].busy == 1)
             assert (await admin.delete("/models/echo")).status_code == 200
             assert (await slow).status_code == 200
+
+
+def _gone(pid: int) -> bool:
+    """Whether a process has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in status)
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_die_with_a_killed_server(tmp_path: Any) -> None:
+    folder = tmp_path / "echo"
+    folder.mkdir()
+    (folder / "model-settings.json").write_text(
+        '{"name": "echo", "implementation": "tests.worker_models.Burner", "workers": 2}'
+    )
+    key_file = tmp_path / "key.json"
+    server = start_server(tmp_path, "--management-key-file", str(key_file))
+    try:
+        key = json.loads(key_file.read_text())["management"]["key"]
+        described = httpx.get(
+            f"http://{server.endpoints['management']}/models/echo", headers={"Authorization": f"Bearer {key}"}
+        ).json()[0]
+        pids = [w["pid"] for w in described["workers"]]
+        assert len(pids) == 2
+        with httpx.Client(base_url=server.http_url, timeout=30) as client:  # one worker busy in a thread
+            client.post("/v2/models/echo/infer", json=body(1, sleep=0.01))
+    finally:
+        server.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids)
