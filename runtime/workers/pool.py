@@ -60,6 +60,8 @@ class WorkerPool:
         self.workers: list[WorkerProcess] = []
         """Every worker serving or starting (not those retiring)."""
         self.retiring: list[WorkerProcess] = []
+        self.fallen: dict[int, WorkerProcess] = {}
+        """Workers that died, by id, until their replacement starts (shown by ``describe``)."""
         self.owners: dict[str, WorkerProcess] = {}
         """Open sequence key → the worker holding its state."""
         self.lost: LRU[str, str] = LRU(LOST_MEMORY)
@@ -148,6 +150,7 @@ class WorkerPool:
         if worker.ready_at is None:
             return  # it died while starting: its starter decides what to do
         self.workers.remove(worker)
+        self.fallen[worker.id] = worker
         young = worker.ready_at is None or time.time() - worker.started_at < YOUNG
         self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2)) if young else 0.0
         self._spawn_task(self._restart(worker.id, self._backoff if young else 0.0))
@@ -158,6 +161,7 @@ class WorkerPool:
             await asyncio.sleep(delay)
         while not self._stopping:
             worker = self._new(worker_id)
+            self.fallen.pop(worker_id, None)
             self.restarts += 1
             try:
                 await worker.start()
@@ -165,6 +169,7 @@ class WorkerPool:
                 logger.error("Model %r: worker %d could not restart: %s", self.name, worker_id, exc)
                 if worker in self.workers:
                     self.workers.remove(worker)
+                self.fallen[worker_id] = worker
                 await worker.stop(self.grace)
                 self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
                 self._changed.set()
@@ -315,5 +320,5 @@ class WorkerPool:
                 "sequences": len(w.sequences),
                 **({"reason": w.reason} if w.reason else {}),
             }
-            for w in sorted(self.workers + self.retiring, key=lambda w: w.id)
+            for w in sorted(self.workers + self.retiring + list(self.fallen.values()), key=lambda w: w.id)
         ]
