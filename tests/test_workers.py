@@ -243,6 +243,9 @@ async def test_a_dead_workers_sequences_are_lost_and_say_so() -> None:
         assert len(theirs) == 2
         os.kill(victim.pid or 0, signal.SIGKILL)
         await asyncio.wait_for(heard.wait(), 30)
+        # until its replacement starts (after a back-off: it died young), describe shows why
+        dead = [w for w in executor.describe() if w["status"] == "DEAD"]
+        assert len(dead) == 1 and dead[0]["reason"].endswith("killed by SIGKILL")
         await executor.pool.until_ready(2)
         assert told == [(theirs, f"worker {victim.id} (pid {victim.pid}) killed by SIGKILL")]
         results = await executor.predict_sequences(steps_for(keys, 1))
