@@ -63,7 +63,10 @@ def _answers_alone(model: MLModel) -> bool:
 
 def _stateless(model: MLModel, settings: ModelSettings, workers: WorkerExecutor | None) -> Scheduler:
     if settings.max_batch_size > 1 and settings.max_batch_time > 0:
-        scheduler: Scheduler = AdaptiveScheduler(model, settings)
+        adaptive = AdaptiveScheduler(model, settings)
+        if workers is not None:  # at least one batch in flight per worker
+            adaptive.max_concurrent_batches = max(adaptive.max_concurrent_batches, workers.pool.target)
+        scheduler: Scheduler = adaptive
     else:
         scheduler = DirectScheduler(model, settings)
     if workers is not None:
