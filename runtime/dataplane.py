@@ -25,7 +25,7 @@ from .generate import (
 from .ids import new_id
 from .model_config import model_config
 from .registry import ModelEntry, Registry
-from .repository import RepositoryError, settings_in_repository
+from .repository import RepositoryError, relative_paths, settings_in_repository
 from .routing import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
 from .settings import ModelSettings, Settings
 from .streaming import StreamCounter, StreamError, StreamSession, sort_error
@@ -59,6 +59,10 @@ class DataPlane:
         self.draining = False
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
+        self.expected: set[tuple[str, str | None]] = set()
+        """The models (name, version) asked for at startup, which strict readiness waits for."""
+        self.unreadable: set[str] = set()
+        """Folders whose model-settings.json could not be read at startup (strict readiness fails)."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -66,7 +70,23 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self.started and not self.draining and self.registry.all_ready()
+        """Whether the server takes traffic: see ``Settings.strict_readiness`` and the README's Health."""
+        if not self.started or self.draining:
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        entries = self.registry.entries()
+        if not entries and self.settings.load_models_at_startup:
+            return False  # nothing to serve: an empty repository, or every model unloaded
+        if self.unreadable or not all(entry.ready for entry in entries):
+            return False
+        loaded = {(entry.name, entry.version) for entry in entries}
+        return self.expected <= loaded
+
+    def expect(self, models: list[ModelSettings], unreadable: list[str]) -> None:
+        """Record the models asked for at startup (and the folders whose settings could not be read)."""
+        self.expected = {(m.name, m.version) for m in models}
+        self.unreadable = set(unreadable)
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
@@ -235,17 +255,22 @@ class DataPlane:
             entry = await self.registry.load(model_settings)
             if entry.state is State.UNAVAILABLE:
                 raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
+        self.unreadable.discard(name)
 
     async def repository_unload(self, name: str) -> None:
-        """Unload every version of ``name``; ModelNotFound when none is loaded."""
+        """Unload every version of ``name``; ModelNotFound when none is loaded.
+
+        Strict readiness stops waiting for it: the model was asked to leave.
+        """
         await self.registry.unload(name)
+        self.expected = {key for key in self.expected if key[0] != name}
 
     async def _read_repository(self, name: str | None) -> list[ModelSettings]:
         root = self.settings.model_repository_root
         try:
             return await asyncio.to_thread(settings_in_repository, root, name)
         except RepositoryError as exc:
-            raise ModelFailed(f"Cannot read the model repository: {exc}") from exc
+            raise ModelFailed(f"Cannot read the model repository: {relative_paths(str(exc), root)}") from exc
 
 
 async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:

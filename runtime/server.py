@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 
 import uvicorn
 
@@ -50,7 +51,7 @@ class Server:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.registry = Registry()
+        self.registry = Registry(settings.model_repository_root)
         self.dataplane = DataPlane(settings, self.registry)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -58,12 +59,15 @@ class Server:
         self._http: _Uvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        broken: list[tuple[Path, str]] = []
         if models is None:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
@@ -97,6 +101,7 @@ class Server:
         gc.collect()
         gc.freeze()
         self.dataplane.started = True
+        await self._grpc.health.refresh()
 
     async def _run_http(self, sock: socket.socket) -> None:
         assert self._http is not None
@@ -111,6 +116,8 @@ class Server:
         return endpoints
 
     def request_stop(self) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()  # a second signal cuts drain_delay short
         self._stopping.set()
 
     async def wait(self) -> None:
@@ -118,7 +125,13 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
-        self.dataplane.draining = True
+        self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
+        if self.settings.drain_delay and self.dataplane.started:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
             draining.append(self._grpc.stop(self.settings.shutdown_grace_period))

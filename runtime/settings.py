@@ -84,6 +84,20 @@ class Settings(BaseSettings):
     shutdown_grace_period: float = Field(default=30.0, ge=0)
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before models are unloaded."""
 
+    drain_delay: float = Field(default=0.0, ge=0)
+    """Seconds the server keeps accepting connections after SIGTERM/SIGINT while readiness answers
+    503 (gRPC: not ready, grpc.health NOT_SERVING) and new inference is refused with 503, so that
+    load balancers see it leave before connections are refused; in-flight work goes on meanwhile.
+    Then the listeners close and what is in flight gets ``shutdown_grace_period`` to finish. Set it
+    to at least the readiness probe's period (times its failure threshold) behind a load balancer."""
+
+    strict_readiness: bool = True
+    """Triton's strict readiness: the server is ready only when every model asked for at startup
+    (every model-settings.json of the repository) is loaded and ready, no model load has failed,
+    and at least one model is loaded (unless ``load_models_at_startup`` is off). When false, the
+    server is ready once it started, whatever its models' states (each model's own ready endpoint
+    still tells)."""
+
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
 
