@@ -291,7 +291,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
         if declared:
             _check_declared(inp, declared, entry.name)
         inp.data = input_array(inp)
-    if declared:
+    if declared and entry.settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
             raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")

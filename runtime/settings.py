@@ -209,6 +209,11 @@ class ModelSettings(BaseSettings):
     outputs: list[MetadataTensor] = []
     """Output tensors the model returns, for metadata."""
 
+    require_declared_inputs: bool = False
+    """Refuse (400) a request that lacks a declared input not marked ``"parameters": {"optional":
+    true}``, as Triton does. Off by default, as in MLServer: the model gets the inputs the client
+    sent. (The PyTorch runtime always needs the inputs its ``forward`` takes.)"""
+
     max_batch_size: int = Field(default=0, ge=0)
     """Most requests merged into one batch; 0 or 1 turns batching off. With continuous batching:
     the most streams running together (0 counts as 1)."""
