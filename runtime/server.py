@@ -23,6 +23,7 @@ from .grpc import GrpcServer
 from .registry import Registry
 from .repository import read_repository
 from .rest.app import create_app
+from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
 
 logger = logging.getLogger("runtime.server")
@@ -82,7 +83,8 @@ class Server:
             access_log=self.settings.access_log,
             root_path=self.settings.root_path,
             timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
+            http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]
             loop="none",
             server_header=False,
         )

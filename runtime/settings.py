@@ -81,6 +81,19 @@ class Settings(BaseSettings):
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
 
+    http_keepalive_timeout: float = Field(default=75.0, gt=0)
+    """Seconds an HTTP keep-alive connection may sit idle between requests before the server
+    closes it (nginx's ``keepalive_timeout``)."""
+
+    http_header_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a client has to send a request's whole header, from the connection's start or the
+    request's first byte; a new connection that sends nothing is closed, a header still incomplete
+    gets 408 (nginx's ``client_header_timeout``; it stops slowloris)."""
+
+    http_max_header_size: int = Field(default=32 * 1024, ge=1024)
+    """Largest HTTP request header (request line and fields), in bytes; a larger one gets 431
+    (nginx's ``large_client_header_buffers`` 4 x 8k)."""
+
     shutdown_grace_period: float = Field(default=30.0, ge=0)
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before models are unloaded."""
 
