@@ -16,6 +16,9 @@ from .settings import MODEL_ENV_PREFIX, MODEL_SETTINGS_FILENAME, ModelSettings
 logger = logging.getLogger(__name__)
 
 
+_SEPARATORS = frozenset("/\\\0")
+
+
 class RepositoryError(Exception):
     """A model folder that cannot be read; the other models still load."""
 
@@ -103,7 +106,7 @@ def import_model_class(settings: ModelSettings) -> type:
             "a leading dot names a file of the model's own folder, more dots are refused"
         )
     parts = module_name.split(".")
-    if not class_name or not all(part.isidentifier() for part in parts):
+    if not class_name or not all(part and not _SEPARATORS.intersection(part) for part in parts):
         raise RepositoryError(
             f"implementation {implementation!r} must be a dotted path: module.Class "
             "(or .module.Class for a file of the model's folder)"

@@ -70,6 +70,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     absolute = "." + ".".join((outside / "evil").parts[1:]) + ".Model"
     _model(repo / "absolute", absolute)
     _model(repo / "weights", "model.Model", {"model.py": MISSING_WEIGHTS})
+    (repo / "badjson").mkdir()
+    (repo / "badjson" / "model-settings.json").write_text("{not json")
     return repo
 
 
@@ -115,3 +117,6 @@ def test_error_bodies_name_files_relative_to_the_repository(server: RunningServe
     load = httpx.post(f"{server.http_url}/v2/repository/models/weights/load", timeout=30)
     assert load.status_code >= 400 and "weights/weights.bin" in load.json()["error"]
     assert str(repository) not in load.text
+    unreadable = httpx.post(f"{server.http_url}/v2/repository/models/badjson/load", timeout=30)
+    assert unreadable.status_code >= 400 and "badjson/model-settings.json" in unreadable.json()["error"]
+    assert str(repository) not in unreadable.text
