@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -14,18 +15,13 @@ import pytest
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.server import Server
-from runtime.settings import ModelSettings
 
-from .models.zoo import Echo
-from .servers import serving
+from .servers import RunningServer, start_server
 
-pytestmark = pytest.mark.anyio
-
-MODELS = (
-    ModelSettings(name="echo", implementation=Echo),
-    ModelSettings(name="batched", implementation=Echo, max_batch_size=4, max_batch_time=0.005),
-)
+MODELS = {
+    "echo": {"implementation": "tests.models.zoo.Echo"},
+    "batched": {"implementation": "tests.models.zoo.Echo", "max_batch_size": 4, "max_batch_time": 0.005},
+}
 BAD_SHAPES = [
     [-1],
     [2, -3],
@@ -38,19 +34,19 @@ BAD_SHAPES = [
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("shapes")
+    for name, settings in MODELS.items():
+        (repo / name).mkdir()
+        (repo / name / "model-settings.json").write_text(json.dumps(settings))
+    running = start_server(Path(repo))
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")
-async def server() -> AsyncIterator[Server]:
-    async with serving(*MODELS) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+def client(server: RunningServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.http_url, timeout=30) as client:
         yield client
 
 
@@ -61,17 +57,17 @@ def _tensor(shape: list[int], data: list, datatype: str = "FP32") -> dict:
 @pytest.mark.parametrize("model", ["echo", "batched"])
 @pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
 @pytest.mark.parametrize("shape", BAD_SHAPES, ids=str)
-async def test_impossible_shapes_get_400_naming_the_input(
-    client: httpx.AsyncClient, model: str, datatype: str, shape: list[int]
+def test_impossible_shapes_get_400_naming_the_input(
+    client: httpx.Client, model: str, datatype: str, shape: list[int]
 ) -> None:
-    response = await client.post(f"/v2/models/{model}/infer", json={"inputs": [_tensor(shape, [], datatype)]})
+    response = client.post(f"/v2/models/{model}/infer", json={"inputs": [_tensor(shape, [], datatype)]})
     assert response.status_code == 400, response.text
     assert "the_input" in response.json()["error"]
 
 
 @pytest.mark.parametrize("shape", BAD_SHAPES, ids=str)
-async def test_impossible_shapes_get_invalid_argument_over_grpc(server: Server, shape: list[int]) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+def test_impossible_shapes_get_invalid_argument_over_grpc(server: RunningServer, shape: list[int]) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
         stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
         for raw in (True, False):
             request = pb.ModelInferRequest(model_name="echo")
@@ -80,27 +76,27 @@ async def test_impossible_shapes_get_invalid_argument_over_grpc(server: Server, 
                 request.raw_input_contents.append(b"")
             else:
                 tensor.contents.fp32_contents.extend([1.0])
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await stub.ModelInfer(request)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request, timeout=30)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "the_input" in (refused.value.details() or "")
 
 
-async def test_zero_dimensions_with_empty_data_are_valid(client: httpx.AsyncClient, server: Server) -> None:
+def test_zero_dimensions_with_empty_data_are_valid(client: httpx.Client) -> None:
     for shape in ([0], [0, 3], [4, 0]):
-        response = await client.post("/v2/models/echo/infer", json={"inputs": [_tensor(shape, [])]})
+        response = client.post("/v2/models/echo/infer", json={"inputs": [_tensor(shape, [])]})
         assert response.status_code == 200, response.text
         assert response.json()["outputs"][0]["shape"] == shape and response.json()["outputs"][0]["data"] == []
-    mismatch = await client.post("/v2/models/echo/infer", json={"inputs": [_tensor([0], [1.0])]})
+    mismatch = client.post("/v2/models/echo/infer", json={"inputs": [_tensor([0], [1.0])]})
     assert mismatch.status_code == 400 and "the_input" in mismatch.json()["error"]
-    assert (await client.get("/v2/health/ready")).status_code == 200
+    assert (client.get("/v2/health/ready")).status_code == 200
 
 
-async def test_nan_and_infinities_cross_json_unchanged(client: httpx.AsyncClient) -> None:
+def test_nan_and_infinities_cross_json_unchanged(client: httpx.Client) -> None:
     values = [1.5, math.nan, math.inf, -math.inf, 0.1]
     body = json.dumps({"inputs": [_tensor([5], values, "FP64")]})  # Python writes NaN / Infinity
     assert "NaN" in body and "-Infinity" in body
-    response = await client.post("/v2/models/echo/infer", content=body)
+    response = client.post("/v2/models/echo/infer", content=body)
     assert response.status_code == 200, response.text
     assert b"[1.5,NaN,Infinity,-Infinity,0.1]" in response.content
     data = json.loads(response.content)["outputs"][0]["data"]
@@ -108,13 +104,13 @@ async def test_nan_and_infinities_cross_json_unchanged(client: httpx.AsyncClient
     # FP32 and FP16 too
     for datatype, dtype in (("FP32", np.float32), ("FP16", np.float16)):
         sent = json.dumps({"inputs": [_tensor([3], [math.nan, math.inf, 0.25], datatype)]})
-        got = await client.post("/v2/models/echo/infer", content=sent)
+        got = client.post("/v2/models/echo/infer", content=sent)
         assert got.status_code == 200, got.text
         out = np.array(json.loads(got.content)["outputs"][0]["data"], dtype)
         assert np.isnan(out[0]) and out[1] == np.inf and out[2] == dtype(0.25)
 
 
-async def test_the_binary_extension_keeps_non_finite_values_exact(client: httpx.AsyncClient) -> None:
+def test_the_binary_extension_keeps_non_finite_values_exact(client: httpx.Client) -> None:
     values = np.array([math.nan, math.inf, -math.inf, -0.0, 3.25], np.float32)
     header = json.dumps(
         {
@@ -129,7 +125,7 @@ async def test_the_binary_extension_keeps_non_finite_values_exact(client: httpx.
             "parameters": {"binary_data_output": True},
         }
     ).encode()
-    response = await client.post(
+    response = client.post(
         "/v2/models/echo/infer",
         content=header + values.tobytes(),
         headers={"Inference-Header-Content-Length": str(len(header))},
@@ -139,9 +135,9 @@ async def test_the_binary_extension_keeps_non_finite_values_exact(client: httpx.
     assert response.content[size:] == values.tobytes()
 
 
-async def test_malformed_json_is_still_refused(client: httpx.AsyncClient) -> None:
+def test_malformed_json_is_still_refused(client: httpx.Client) -> None:
     for body in (b'{"inputs": [NaNa]}', b'{"inputs": Infinity', b"{NaN: 1}"):
-        response = await client.post("/v2/models/echo/infer", content=body)
+        response = client.post("/v2/models/echo/infer", content=body)
         assert response.status_code == 400 and "JSON" in response.json()["error"]
 
 

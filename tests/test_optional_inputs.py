@@ -4,7 +4,8 @@ does), except for inputs marked ``"parameters": {"optional": true}`` (Triton's `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import Iterator
 
 import grpc
 import httpx
@@ -14,13 +15,9 @@ import pytest
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 from runtime.model import MLModel
-from runtime.server import Server
-from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 
-from .servers import serving
-
-pytestmark = pytest.mark.anyio
+from .servers import RunningServer, start_server
 
 
 class Names(MLModel):
@@ -37,35 +34,32 @@ class Names(MLModel):
         )
 
 
-def _settings(name: str, **extra: object) -> ModelSettings:
-    return ModelSettings(
-        name=name,
-        implementation=Names,
-        inputs=[
-            MetadataTensor(name="x", datatype="FP32", shape=[-1]),
-            MetadataTensor(name="text_input", datatype="BYTES", shape=[-1]),
-            MetadataTensor.model_validate(
-                {"name": "hint", "datatype": "FP32", "shape": [-1], "parameters": {"optional": True}}
-            ),
+def _settings(**extra: object) -> dict[str, object]:
+    return {
+        "implementation": "tests.test_optional_inputs.Names",
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [-1]},
+            {"name": "text_input", "datatype": "BYTES", "shape": [-1]},
+            {"name": "hint", "datatype": "FP32", "shape": [-1], "parameters": {"optional": True}},
         ],
-        **extra,  # type: ignore[arg-type]
-    )
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("optional")
+    for name, settings in (("lenient", _settings()), ("strict", _settings(require_declared_inputs=True))):
+        (repo / name).mkdir()
+        (repo / name / "model-settings.json").write_text(json.dumps(settings))
+    running = start_server(repo)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")
-async def server() -> AsyncIterator[Server]:
-    async with serving(_settings("lenient"), _settings("strict", require_declared_inputs=True)) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+def client(server: RunningServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.http_url, timeout=30) as client:
         yield client
 
 
@@ -78,47 +72,47 @@ def _body(*names: str) -> dict[str, object]:
     return {"inputs": [tensor(name) for name in names]}
 
 
-async def test_a_subset_of_the_declared_inputs_reaches_the_model_by_default(
-    client: httpx.AsyncClient,
+def test_a_subset_of_the_declared_inputs_reaches_the_model_by_default(
+    client: httpx.Client,
 ) -> None:
     for names in (("x", "hint"), ("x",), ("hint",)):
-        response = await client.post("/v2/models/lenient/infer", json=_body(*names))
+        response = client.post("/v2/models/lenient/infer", json=_body(*names))
         assert response.status_code == 200, response.text
         assert response.json()["outputs"][0]["data"] == [len(names)]
     # a stream (SSE) and generate too: generate sends only text_input
-    stream = await client.post("/v2/models/lenient/infer_stream", json=_body("x"))
+    stream = client.post("/v2/models/lenient/infer_stream", json=_body("x"))
     assert stream.status_code == 200 and '"data":[1]' in stream.text
-    generated = await client.post("/v2/models/lenient/generate", json={"text_input": "hello"})
+    generated = client.post("/v2/models/lenient/generate", json={"text_input": "hello"})
     assert generated.status_code == 200, generated.text
     assert generated.json()["text_output"] == "text_input"
 
 
-async def test_a_subset_of_the_declared_inputs_reaches_the_model_over_grpc(server: Server) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+def test_a_subset_of_the_declared_inputs_reaches_the_model_over_grpc(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
         stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = pb.ModelInferRequest(model_name="lenient")
         request.inputs.add(name="x", datatype="FP32", shape=[1])
         request.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
-        response = await stub.ModelInfer(request)
+        response = stub.ModelInfer(request, timeout=30)
         assert np.frombuffer(response.raw_output_contents[0], np.int64).tolist() == [1]
         request.model_name = "strict"
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.ModelInfer(request)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=30)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "expects input(s) ['text_input']" in (refused.value.details() or "")
 
 
-async def test_require_declared_inputs_refuses_all_but_optional_ones(client: httpx.AsyncClient) -> None:
-    both = await client.post("/v2/models/strict/infer", json=_body("x", "text_input", "hint"))
-    without_hint = await client.post("/v2/models/strict/infer", json=_body("x", "text_input"))
-    only_hint = await client.post("/v2/models/strict/infer", json=_body("hint"))
-    config = (await client.get("/v2/models/strict/config")).json()
+def test_require_declared_inputs_refuses_all_but_optional_ones(client: httpx.Client) -> None:
+    both = client.post("/v2/models/strict/infer", json=_body("x", "text_input", "hint"))
+    without_hint = client.post("/v2/models/strict/infer", json=_body("x", "text_input"))
+    only_hint = client.post("/v2/models/strict/infer", json=_body("hint"))
+    config = (client.get("/v2/models/strict/config")).json()
     assert both.status_code == 200 and both.json()["outputs"][0]["data"] == [3]
     assert without_hint.status_code == 200 and without_hint.json()["outputs"][0]["data"] == [2]
     assert only_hint.status_code == 400
     assert "expects input(s) ['x', 'text_input']" in only_hint.json()["error"]
     assert [tensor.get("optional", False) for tensor in config["input"]] == [False, False, True]
-    assert (await client.get("/v2/health/ready")).status_code == 200
+    assert (client.get("/v2/health/ready")).status_code == 200
 
 
 def test_only_a_true_optional_parameter_counts() -> None:
