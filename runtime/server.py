@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -24,6 +25,7 @@ from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
+from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
 
 logger = logging.getLogger("runtime.server")
@@ -52,7 +54,7 @@ class Server:
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.registry = Registry()
+        self.registry = Registry(settings.model_repository_root)
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
@@ -64,12 +66,15 @@ class Server:
         self._metrics: _Uvicorn | None = None
         self._metrics_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        broken: list[tuple[Path, str]] = []
         if models is None:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
@@ -96,6 +101,7 @@ class Server:
         gc.collect()
         gc.freeze()
         self.dataplane.started = True
+        await self._grpc.health.refresh()
 
     async def _serve_http(self, app: Any, port: int) -> tuple[_Uvicorn, asyncio.Task[None], int]:
         """Serve an ASGI app with uvicorn in this loop on ``settings.host:port``; return it and its port."""
@@ -106,7 +112,8 @@ class Server:
             access_log=False,  # the access log is the server's own (runtime.observability)
             root_path=self.settings.root_path,
             timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
+            http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]
             loop="none",
             server_header=False,
         )
@@ -133,6 +140,8 @@ class Server:
         return endpoints
 
     def request_stop(self) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()  # a second signal cuts drain_delay short
         self._stopping.set()
 
     async def wait(self) -> None:
@@ -140,7 +149,13 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
-        self.dataplane.draining = True
+        self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
+        if self.settings.drain_delay and self.dataplane.started:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
         self.dataplane.streams.cut_after(self.settings.shutdown_grace_period)  # streams end in band
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
