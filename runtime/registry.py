@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
 from .errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
 from .model import MLModel
-from .repository import import_model_class
+from .repository import import_model_class, relative_paths
 from .scheduling import Scheduler, make_scheduler
 from .settings import ModelSettings
 from .types import RepositoryIndexResponseItem, State
@@ -62,7 +63,11 @@ def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
 class Registry:
     """Loaded models by name and version."""
 
-    def __init__(self, parallel_workers: int = 0, grace: float = 30.0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, parallel_workers: int = 0, grace: float = 30.0
+    ) -> None:
+        self.root = root
+        """The model repository's folder: paths under it are shown relative to it in reasons."""
         self.parallel_workers = parallel_workers
         """Worker processes per model for models whose settings do not set ``workers``."""
         self.grace = grace
@@ -152,7 +157,7 @@ class Registry:
                 await self._start(entry)
             except Exception as exc:
                 entry.state = State.UNAVAILABLE
-                entry.reason = f"failed to load: {type(exc).__name__}: {exc}"
+                entry.reason = relative_paths(f"failed to load: {type(exc).__name__}: {exc}", self.root)
                 logger.error("Model %r (version %s) %s", settings.name, settings.version, entry.reason)
                 if old is not None and old.ready:
                     return entry  # keep serving the old one

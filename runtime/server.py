@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -25,6 +26,7 @@ from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
+from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
 
 logger = logging.getLogger("runtime.server")
@@ -53,7 +55,9 @@ class Server:
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.registry = Registry(settings.parallel_workers, settings.shutdown_grace_period)
+        self.registry = Registry(
+            settings.model_repository_root, settings.parallel_workers, settings.shutdown_grace_period
+        )
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
@@ -70,12 +74,15 @@ class Server:
         self._management_http: _Uvicorn | None = None
         self._management_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        broken: list[tuple[Path, str]] = []
         if models is None:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
@@ -104,6 +111,7 @@ class Server:
         gc.collect()
         gc.freeze()
         self.dataplane.started = True
+        await self._grpc.health.refresh()
 
     async def _serve_http(
         self, app: Any, port: int, host: str | None = None
@@ -117,7 +125,8 @@ class Server:
             access_log=False,  # the access log is the server's own (runtime.observability)
             root_path=self.settings.root_path,
             timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
+            http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]
             loop="none",
             server_header=False,
         )
@@ -166,6 +175,8 @@ class Server:
         return endpoints
 
     def request_stop(self) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()  # a second signal cuts drain_delay short
         self._stopping.set()
 
     async def wait(self) -> None:
@@ -173,7 +184,13 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
-        self.dataplane.draining = True
+        self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
+        if self.settings.drain_delay and self.dataplane.started:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
         self.dataplane.streams.cut_after(self.settings.shutdown_grace_period)  # streams end in band
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
