@@ -25,11 +25,11 @@ settings; KServe's maxBatchSize / maxLatency). How it behaves:
 - Each response carries the parameters ``batch_id`` (counting from 1 per loaded model) and
   ``batch_size`` (requests in that batch).
 
-The model's ``predict`` is awaited on the event loop and never replaced. As in MLServer, it is
-an ``async def``: a model whose work is CPU-heavy runs it off the loop itself, e.g.
-``await loop.run_in_executor(self.executor, self.forward, x)`` (torch and numpy release the GIL
-while they compute), so that the server keeps reading, queueing and answering requests while a
-batch computes.
+The model's ``predict`` is called through the scheduler's executor (``executor.py``) and never
+replaced: an ``async def predict`` is awaited on the event loop (a model whose work is CPU-heavy
+runs it off the loop itself, e.g. ``await loop.run_in_executor(...)``; torch and numpy release the
+GIL while they compute), a plain ``def predict`` runs on the model's own threads, so that the
+server keeps reading, queueing and answering requests while a batch computes.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class AdaptiveScheduler(Scheduler):
         """A streaming model streams as it would without batching; a unary model's requests,
         sent on a stream, are batched like any other."""
         if type(self.model).predict_stream is not MLModel.predict_stream:
-            return self.model.predict_stream(requests)
+            return self.executor.open_stream(requests)
         return self._each_batched(requests)
 
     async def _each_batched(
@@ -260,7 +260,7 @@ class AdaptiveScheduler(Scheduler):
     ) -> list[InferenceResponse]:
         first = callers[0]
         if isinstance(first, _Caller) and first.alone:
-            response = await self.model.predict(first.request)
+            response = await self.executor.call_predict(first.request)
             if not isinstance(response, InferenceResponse):
                 raise ModelFailed(
                     f"Model {self.name!r} returned a {type(response).__name__}, not an InferenceResponse"
@@ -270,7 +270,7 @@ class AdaptiveScheduler(Scheduler):
             return [response]
         rows = [c.rows if isinstance(c, _Caller) else 1 for c in callers]
         merged = merge([c.request for c in callers], rows, batch_id)
-        response = await self.model.predict(merged)
+        response = await self.executor.call_predict(merged)
         extra = [{"batch_id": batch_id, "batch_size": len(callers)}] * len(callers)
         return split(response, rows, self.name, extra)
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..model import MLModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+from .executor import Executor, InProcessExecutor
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,11 @@ class RequestFailed:
 class Scheduler(abc.ABC):
     """Decides when and with what the model's ``predict`` / ``predict_stream`` are called."""
 
-    def __init__(self, model: MLModel, settings: ModelSettings) -> None:
+    def __init__(self, model: MLModel, settings: ModelSettings, executor: Executor | None = None) -> None:
         self.model = model
         self.settings = settings
+        self.executor = executor if executor is not None else InProcessExecutor(model, settings)
+        """Where the model's code is called (in this process unless told otherwise)."""
 
     async def start(self) -> None:
         """Start background tasks, if the strategy has any."""
