@@ -116,6 +116,13 @@ def test_the_timeout_parameter_bounds_a_direct_request_on_rest_and_grpc(server: 
     assert post(server, "hang", body(0.01, timeout=30_000_000)).status_code == 200
 
 
+def test_a_batch_whose_only_caller_timed_out_is_cancelled(server: RunningServer) -> None:
+    """Guards: a hung batch nobody waits for any more must not hold the model (nor shutdown)."""
+    answer = post(server, "batched", body(30, timeout=300_000))
+    assert answer.status_code == 503 and "timeout" in answer.json()["error"]
+    server.wait_for_log("model batched was cancelled")
+
+
 # ---------------------------------------------------------------------- bounded work in flight
 
 

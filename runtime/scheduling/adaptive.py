@@ -18,6 +18,8 @@ settings; KServe's maxBatchSize / maxLatency). How it behaves:
 - Each caller owns a future. A caller cancelled (or gone) while queued leaves the queue; one
   cancelled while its batch runs has its result dropped, and the others get theirs. Results
   are set only on futures that are not done.
+- A batch whose callers have all gone (cancelled, timed out, or cut at shutdown) is cancelled:
+  the model's coroutine sees ``CancelledError``.
 - A model that raises fails every caller of that batch (500, ModelFailed, logged once), and the
   next batch runs as usual. If the model raises InvalidInput for a merged batch, each of its
   requests is served again alone, so that only the one at fault gets the 400. A model that
@@ -230,6 +232,7 @@ class AdaptiveScheduler(Scheduler):
         live = [c for c in callers if not c.future.done()]  # drop callers that went away
         if not live:
             return
+        abandon = _Abandon(live)
         try:
             responses = await self._predict(batch_id, live)
         except InvalidInput as exc:
@@ -252,6 +255,7 @@ class AdaptiveScheduler(Scheduler):
         else:
             resolve(live, responses)
         finally:
+            abandon.close()
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))
 
@@ -284,6 +288,31 @@ class AdaptiveScheduler(Scheduler):
             exc,
             exc_info=logger.isEnabledFor(logging.DEBUG),
         )
+
+
+class _Abandon:
+    """Cancels the running batch once every one of its callers has gone (cancelled, timed out, cut
+    at shutdown): nobody waits for its result, and a hung model must not hold the scheduler."""
+
+    __slots__ = ("callers", "open", "remaining", "task")
+
+    def __init__(self, callers: Sequence[Waiter[InferenceResponse]]) -> None:
+        self.task = asyncio.current_task()
+        self.callers = callers
+        self.remaining = len(callers)
+        self.open = True
+        for caller in callers:
+            caller.future.add_done_callback(self._left)
+
+    def _left(self, future: asyncio.Future[InferenceResponse]) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and self.open and self.task is not None:
+            self.task.cancel()
+
+    def close(self) -> None:
+        self.open = False
+        for caller in self.callers:
+            caller.future.remove_done_callback(self._left)
 
 
 def _wake_up(waker: asyncio.Future[None]) -> None:
