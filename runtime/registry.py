@@ -168,6 +168,7 @@ class Registry:
         try:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
+                entry.scheduler.executor.close()
             if entry.model is not None:
                 entry.model.ready = False
                 await entry.model.unload()
