@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from .errors import InvalidInput, ModelFailed, ModelNotFound, ShuttingDown
+from .errors import InvalidInput, ModelFailed, ModelNotFound, RequestTimeout, ShuttingDown
 from .generate import (
     GenerateRequest,
     GenerateResponse,
@@ -26,6 +26,7 @@ from .model_config import model_config
 from .observability.observer import Observer
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, relative_paths, settings_in_repository
+from .scheduling.queueing import queue_timeout
 from .settings import ModelSettings, Settings
 from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
 from .streams.pipeline import StreamCounter, StreamError, StreamSession, assign_id, sort_error
@@ -65,6 +66,10 @@ class DataPlane:
         """The models (name, version) asked for at startup, which strict readiness waits for."""
         self.unreadable: set[str] = set()
         """Folders whose model-settings.json could not be read at startup (strict readiness fails)."""
+        self._unary: set[asyncio.Task[Any]] = set()
+        """The tasks serving a unary request now (``infer``)."""
+        self._cut: set[asyncio.Task[Any]] = set()
+        """Those of them that ``cut_unary`` cancelled."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -144,14 +149,51 @@ class DataPlane:
         entry = self._entry(name, version)
         prepare_request(request, entry)
         assert entry.scheduler is not None
+        limit = queue_timeout(request, entry.settings.request_timeout)
+        task = asyncio.current_task()
+        assert task is not None
+        self._unary.add(task)
         try:
-            response = await entry.scheduler.infer(request)
+            if limit is None:
+                response = await entry.scheduler.infer(request)
+            else:
+                async with asyncio.timeout(limit) as deadline:
+                    response = await entry.scheduler.infer(request)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise
+            task.uncancel()
+            logger.warning(
+                "Request %s for model %r cancelled: still running when the shutdown grace period ended",
+                request.id or "(no id)",
+                name,
+            )
+            raise ShuttingDown(
+                f"The server is shutting down: the request for model {name!r} was cancelled "
+                "when the shutdown grace period ended"
+            ) from None
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and limit is not None and deadline.expired():
+                raise RequestTimeout(
+                    f"The request to model {name!r} timed out: it took longer than its timeout of "
+                    f"{limit:g}s, and its work was cancelled"
+                ) from None
             error = sort_error(name, exc)
             if error is exc:
                 raise
             raise error from exc
+        finally:
+            self._unary.discard(task)
+            self._cut.discard(task)
         return finish_response(response, request, entry)
+
+    def cut_unary(self) -> int:
+        """Cancel the unary requests still running (the shutdown grace period is over): each one's
+        caller gets ``ShuttingDown``. Return how many were cancelled."""
+        for task in self._unary:
+            self._cut.add(task)
+            task.cancel()
+        return len(self._unary)
 
     async def infer_stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None

@@ -19,9 +19,9 @@ from .errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
 from .model import MLModel
 from .repository import import_model_class, relative_paths
 from .scheduling import Scheduler, make_scheduler
+from .scheduling.worker_executor import WorkerExecutor
 from .settings import ModelSettings
 from .types import RepositoryIndexResponseItem, State
-from .workers import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -218,9 +218,12 @@ class Registry:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
             if entry.workers is not None:  # they drain, unload their copies and exit
+                await entry.workers.stop()
+            if entry.scheduler is not None:
+                entry.scheduler.executor.close()
+            if entry.workers is not None:  # the instance here was never loaded
                 if entry.model is not None:
                     entry.model.ready = False
-                await entry.workers.stop()
                 return
             if entry.model is not None:
                 entry.model.ready = False

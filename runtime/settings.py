@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     server is ready once it started, whatever its models' states (each model's own ready endpoint
     still tells)."""
 
+    loop_block_warning: float = Field(default=0.5, ge=0)
+    """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
+
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
 
@@ -308,6 +312,15 @@ class ModelSettings(BaseSettings):
     """Most seconds a request waits in the batching queue before it gets 503; 0: no limit
     (Triton's ``default_timeout_microseconds``, in seconds). A request's own OIP ``timeout``
     parameter (microseconds) can shorten it, not lengthen it."""
+
+    request_timeout: float = Field(default=0.0, ge=0)
+    """Most seconds a request (queued and running) may take before it gets 503 and its work is
+    cancelled; 0: no limit. A request's own OIP ``timeout`` parameter (microseconds, as Triton's)
+    can shorten it, not lengthen it. Streams are not limited by it."""
+
+    predict_threads: int = Field(default=1, ge=1)
+    """Threads that run a plain (not ``async``) ``predict`` of this model, off the event loop;
+    more than 1 lets calls overlap (the model must then be thread-safe)."""
 
     continuous_batching: bool = False
     """Serve the model's streams with continuous batching: at most ``max_batch_size`` streams run

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput, SequenceError, WorkerLost
+from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
-from runtime.workers import HeldState, WorkerExecutor
+from runtime.workers import HeldState
 from runtime.workers.connection import encode
 
 pytestmark = pytest.mark.anyio

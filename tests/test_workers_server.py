@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.server import Server
 from runtime.settings import ModelSettings
-from runtime.workers import WorkerExecutor
 
 from .sequencing import until
 from .servers import serving, start_server

@@ -23,9 +23,9 @@ from typing import Any
 from ..errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
 from ..registry import ModelEntry, Registry
 from ..repository import find_model_settings
+from ..scheduling.worker_executor import WorkerExecutor
 from ..settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings
 from ..types import State
-from ..workers import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 

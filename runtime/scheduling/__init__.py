@@ -8,13 +8,13 @@ from ..continuous import ContinuousModel
 from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
-from ..workers import WorkerExecutor
 from .adaptive import AdaptiveScheduler
 from .base import RequestFailed, Scheduler
 from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
 from .forwarding import ForwardingScheduler
 from .sequence_batching import SequenceScheduler
+from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -82,5 +82,6 @@ __all__ = [
     "RequestFailed",
     "Scheduler",
     "SequenceScheduler",
+    "WorkerExecutor",
     "make_scheduler",
 ]

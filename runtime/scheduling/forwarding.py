@@ -18,15 +18,16 @@ from ..model import MLModel
 from ..sequences.identity import ID, parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from ..workers import WorkerExecutor, WorkerProcess
+from ..workers import WorkerProcess
 from .base import RequestFailed, Scheduler
+from .worker_executor import WorkerExecutor
 
 
 class ForwardingScheduler(Scheduler):
     """Forwards requests and streams to the workers, whose own batchers serve them."""
 
     def __init__(self, model: MLModel, settings: ModelSettings, workers: WorkerExecutor) -> None:
-        super().__init__(model, settings)
+        super().__init__(model, settings, workers)
         self.workers = workers
 
     async def stop(self) -> None:

@@ -37,10 +37,10 @@ from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from ..workers import WorkerExecutor
 from .base import RequestFailed, Scheduler
 from .batch_strategy import OneInFlight
 from .sequence_streams import serve_stream
+from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class SequenceScheduler(Scheduler):
         stateless: Scheduler | None = None,
         workers: WorkerExecutor | None = None,
     ) -> None:
-        super().__init__(model, settings)
+        super().__init__(model, settings, workers)
         if not isinstance(model, SequenceModel):
             raise TypeError(
                 f"{type(model).__qualname__} is served with sequence_batching, so it must subclass "

@@ -1,6 +1,7 @@
 """Worker processes: a model served by N processes, each with its own copy of it.
 
-``WorkerExecutor`` plugs in behind the executor seam of the schedulers; ``WorkerPool`` supervises
+``runtime.scheduling.worker_executor.WorkerExecutor`` puts them behind the executor seam of the
+schedulers; ``WorkerPool`` supervises
 the processes (restart, least-busy dispatch, sequence affinity, scaling, drain); the wire format
 is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``protocol`` (the messages).
 """
@@ -8,6 +9,5 @@ is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``protocol`` (
 from .pool import WorkerPool
 from .process import WorkerProcess
 from .protocol import HeldState
-from .worker_executor import WorkerExecutor
 
-__all__ = ["HeldState", "WorkerExecutor", "WorkerPool", "WorkerProcess"]
+__all__ = ["HeldState", "WorkerPool", "WorkerProcess"]

@@ -1,4 +1,5 @@
-"""The executor that runs a model in worker processes, behind the same seam as the in-process one.
+"""The executor that runs a model in worker processes (``runtime.workers``), behind the same seam
+as the in-process one (``executor.py``).
 
 Schedulers hand it what they would hand any executor: a request or a merged batch
 (``call_predict``, to the least-busy worker), a stream (``open_stream``, whose responses come back
@@ -8,7 +9,6 @@ each step to the worker that holds its sequence) and sequence endings (``sequenc
 
 from __future__ import annotations
 
-import abc
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,24 +17,8 @@ from ..errors import SequenceError, WorkerLost
 from ..sequences.sequence_model import SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .pool import WorkerPool
-from .process import WorkerProcess
-from .protocol import HeldState
-
-
-class Executor(abc.ABC):
-    """Calls one model's code for its scheduler."""
-
-    @abc.abstractmethod
-    async def call_predict(self, request: InferenceRequest) -> InferenceResponse:
-        """The model's answer to one request (or to one merged batch of requests)."""
-
-    @abc.abstractmethod
-    def open_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        """The model's responses to a stream of requests; closing the iterator stops the model's work."""
-
-    def close(self) -> None:
-        """Free what the executor holds (threads, workers) once its scheduler has stopped."""
+from ..workers import HeldState, WorkerPool, WorkerProcess
+from .executor import Executor
 
 
 class WorkerExecutor(Executor):
