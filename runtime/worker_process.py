@@ -17,7 +17,6 @@ ignores SIGINT: the server decides when its workers stop (``stop``: unload, then
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import pickle
@@ -26,7 +25,6 @@ import socket
 import sys
 from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any
 
@@ -34,6 +32,7 @@ from .model import MLModel
 from .repository import import_model_class
 from .scheduling import make_scheduler
 from .scheduling.base import RequestFailed, Scheduler
+from .scheduling.executor import InProcessExecutor
 from .sequences.sequence_model import SequenceModel, SequenceStep
 from .settings import ModelSettings
 from .types import InferenceRequest, InferenceResponse
@@ -105,10 +104,10 @@ class Worker:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.inboxes: dict[int, _Inbox] = {}
         self.credits: dict[int, _Credit] = {}
-        self.pool: ThreadPoolExecutor | None = None
+        self.executor: InProcessExecutor | None = None
+        """Calls the model here as the server would in process (a plain ``predict`` on threads)."""
         self.scheduler: Scheduler | None = None
         """With continuous batching, the model's batcher runs here (the server forwards requests)."""
-        self.blocking = False
         self.done: asyncio.Future[int] | None = None
 
     async def run(self) -> int:
@@ -199,7 +198,7 @@ class Worker:
             self.done.set_result(1)
             return
         self.model, self.settings = model, settings
-        self.blocking = not inspect.iscoroutinefunction(model.predict)
+        self.executor = InProcessExecutor(model, settings)
         if settings.continuous_batching:
             # the worker runs the model's continuous batcher; the server sends it whole requests
             self.scheduler = make_scheduler(model, settings.model_copy(update={"workers": 0}))
@@ -217,8 +216,8 @@ class Worker:
                 await self.model.unload()
             except Exception:
                 logger.exception("Model %r failed to unload in its worker", self.model.name)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.executor is not None:
+            self.executor.close()
         self._send(("stopped", 0, None))
         await self.conn.drain()
         assert self.done is not None
@@ -228,32 +227,18 @@ class Worker:
     # ------------------------------------------------------------------ calling the model
 
     async def _predict(self, request: InferenceRequest) -> InferenceResponse:
-        model = self.model
-        assert model is not None and self.settings is not None
         if self.scheduler is not None:
             return await self.scheduler.infer(request)
-        if not self.blocking:
-            return await model.predict(request)
-        if self.pool is None:
-            threads = getattr(self.settings, "predict_threads", 1)
-            self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"predict-{model.name}")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, model.predict, request)  # type: ignore[arg-type]
+        assert self.executor is not None
+        return await self.executor.call_predict(request)
 
     def _open(
         self, requests: AsyncIterator[InferenceRequest]
     ) -> AsyncIterator[InferenceResponse | RequestFailed]:
-        model = self.model
-        assert model is not None
         if self.scheduler is not None:
             return self.scheduler.stream(requests)
-        if type(model).predict_stream is not MLModel.predict_stream or not self.blocking:
-            return model.predict_stream(requests)
-        return self._each(requests)
-
-    async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        async for request in requests:
-            yield await self._predict(request)
+        assert self.executor is not None
+        return self.executor.open_stream(requests)
 
     async def _call(self, ident: int, request: InferenceRequest) -> None:
         try:
