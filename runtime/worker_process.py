@@ -17,6 +17,7 @@ ignores SIGINT: the server decides when its workers stop (``stop``: unload, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -114,7 +115,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         self.done = loop.create_future()
         await loop.connect_accepted_socket(lambda: self.conn, self.sock)
-        return await self.done
+        code = await self.done
+        self.conn.close()  # what is written goes out first
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.conn.gone.wait(), 5)
+        return code
 
     # ------------------------------------------------------------------ messages
 

@@ -64,19 +64,43 @@ class Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._pending: list[bytes | memoryview] = []
+        self._flush_soon = False
+        self.gone = asyncio.Event()
+        """Set once the connection is closed (after what was written has gone out)."""
 
     # ------------------------------------------------------------------ writing
 
     def send(self, message: Any) -> None:
-        """Write one message (it is in the socket or the transport's buffer on return)."""
+        """Write one message. Small messages sent in one turn of the event loop go out together in
+        one write at the end of the turn (one system call, one wake-up of the other side); a message
+        with a big buffer flushes them and goes out at once, its buffers as they are."""
         transport = self.transport
         if transport is None or self.closed:
             raise ConnectionResetError("the worker connection is closed")
-        for piece in encode(message):
+        pieces = encode(message)
+        if len(pieces) == 1 and len(pieces[0]) < DIRECT:
+            self._pending.append(pieces[0])
+            if not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            return
+        self._flush()
+        for piece in pieces:
             transport.write(piece)
 
+    def _flush(self) -> None:
+        self._flush_soon = False
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if self.transport is not None and not self.closed:
+            self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
     async def drain(self) -> None:
-        """Wait until the transport's buffer is below its high-water mark."""
+        """Write what waits for the end of the turn, then wait until the transport's buffer is
+        below its high-water mark."""
+        self._flush()
         if self._paused and not self.closed:
             if self._drained is None:
                 self._drained = asyncio.get_running_loop().create_future()
@@ -100,10 +124,13 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         self.closed = True
+        self.gone.set()
         self.resume_writing()
         self.on_lost()
 
     def close(self) -> None:
+        """Close after writing what is pending (the transport writes its buffer out first)."""
+        self._flush()
         if self.transport is not None:
             self.transport.close()
 
