@@ -173,9 +173,9 @@ class Worker:
         self.inboxes.pop(ident, None)
         self.credits.pop(ident, None)
 
-    def _send(self, message: tuple[str, int, Any]) -> None:
+    def _send(self, message: tuple[str, int, Any], now: bool = False) -> None:
         if not self.conn.closed:
-            self.conn.send(message)
+            self.conn.send(message, now)
 
     def _fail(self, ident: int, exc: BaseException) -> None:
         self._send(("err", ident, portable(exc)))
@@ -272,7 +272,7 @@ class Worker:
                     await credit.take()
                     if isinstance(response, RequestFailed):  # one request of the stream failed
                         response = RequestFailed(portable(response.error), response.request_id)  # type: ignore[arg-type]
-                    self._send(("chunk", ident, response))
+                    self._send(("chunk", ident, response), now=True)  # as it comes
         except Exception as exc:
             self._fail(ident, exc)
             return

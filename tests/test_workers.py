@@ -323,3 +323,34 @@ async def test_stop_drains_in_flight_work_and_unloads(tmp_path: Path) -> None:
     assert pid_of(await slow) in pids
     assert {int(line) for line in unloaded.read_text().split()} == pids
     assert all(w["status"] == "STOPPED" for w in executor.describe())
+
+
+def test_the_wire_format_round_trips_arrays_in_any_chunking() -> None:
+    """Messages read back whatever sizes the socket hands them in (the parser's staging buffer,
+    big buffers read straight into their own memory, heads split across reads)."""
+    from runtime.workers.connection import Connection
+
+    arrays: list[Any] = [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.zeros(0, dtype=np.int64),
+        np.arange(10_000, dtype=np.float64),  # out of band (80 KB), read straight into its memory
+        np.arange(10)[::2],  # not contiguous
+        np.array([b"ab", b"c"], dtype=object),
+        np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]),
+    ]
+    wire = b"".join(bytes(piece) for i, a in enumerate(arrays) for piece in encode(("x", i, a)))
+    for chunk in (1, 7, 4096, 1 << 20):
+        got: list[Any] = []
+        connection = Connection(got.append, lambda: None)
+        at = 0
+        while at < len(wire):
+            buffer = connection.get_buffer(-1)
+            n = min(len(buffer), chunk, len(wire) - at)
+            buffer[:n] = wire[at : at + n]
+            connection.buffer_updated(n)
+            at += n
+        assert [m[1] for m in got] == list(range(len(arrays)))
+        for (_, _, back), sent in zip(got, arrays, strict=True):
+            assert isinstance(back, np.ndarray)
+            assert back.dtype == sent.dtype and back.shape == sent.shape and back.flags.writeable
+            assert np.array_equal(back, sent)

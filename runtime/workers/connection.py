@@ -7,7 +7,8 @@ buffer. On the wire::
 
     u32 body length | u32 buffer count | u64 length of each buffer | body | buffer 0 | buffer 1 ...
 
-The sender hands each buffer's memory to the socket as it is (no join). The receiver reads small
+Arrays under ``DIRECT`` bytes travel inside the pickle (a buffer of their own costs more than it
+saves). The sender hands each buffer's memory to the socket as it is (no join). The receiver reads small
 messages through one staging buffer and every buffer of ``DIRECT`` bytes or more straight from the
 socket into its own ``bytearray`` (an ``asyncio.BufferedProtocol``), which the unpickled array then
 uses as its memory: the kernel's copy is the only one.
@@ -16,10 +17,14 @@ uses as its memory: the kernel's copy is the only one.
 from __future__ import annotations
 
 import asyncio
+import copyreg
+import io
 import pickle
 import struct
 from collections.abc import Callable
 from typing import Any, Final
+
+import numpy as np
 
 HEAD: Final = struct.Struct("<II")
 STAGING: Final = 256 * 1024
@@ -30,10 +35,34 @@ DIRECT: Final = 64 * 1024
 Message = tuple[str, int, Any]
 
 
+def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An array on ``data`` (writable, as the array that was sent)."""
+    if isinstance(data, bytes):
+        data = bytearray(data)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _reduce_array(array: np.ndarray) -> Any:
+    """Arrays of plain numbers travel as their raw bytes: out of band from ``DIRECT`` bytes up
+    (their memory written as it is), in the pickle below (cheaper than a buffer of their own)."""
+    if array.dtype.hasobject or array.dtype.fields is not None or not array.flags.c_contiguous:
+        return array.__reduce_ex__(5)
+    if array.nbytes >= DIRECT:
+        return _array, (pickle.PickleBuffer(array), array.dtype.str, array.shape)  # type: ignore[arg-type]
+    return _array, (array.tobytes(), array.dtype.str, array.shape)
+
+
+_TABLE = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
+
+
 def encode(message: Any) -> list[bytes | memoryview]:
     """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
     buffers: list[pickle.PickleBuffer] = []
-    body = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler.dispatch_table = _TABLE
+    pickler.dump(message)
+    body = out.getvalue()
     if not buffers:
         return [HEAD.pack(len(body), 0) + body]
     raws = [buffer.raw() for buffer in buffers]
@@ -71,17 +100,20 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ writing
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Any, now: bool = False) -> None:
         """Write one message. Small messages sent in one turn of the event loop go out together in
-        one write at the end of the turn (one system call, one wake-up of the other side); a message
-        with a big buffer flushes them and goes out at once, its buffers as they are."""
+        one write at the end of the turn (one system call, one wake-up of the other side), unless
+        ``now``; a message with a big buffer flushes them and goes out at once, its buffers as
+        they are."""
         transport = self.transport
         if transport is None or self.closed:
             raise ConnectionResetError("the worker connection is closed")
         pieces = encode(message)
         if len(pieces) == 1 and len(pieces[0]) < DIRECT:
             self._pending.append(pieces[0])
-            if not self._flush_soon:
+            if now:
+                self._flush()
+            elif not self._flush_soon:
                 self._flush_soon = True
                 asyncio.get_running_loop().call_soon(self._flush)
             return
