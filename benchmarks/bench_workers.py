@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -99,6 +100,40 @@ async def exchange(
     return status, await reader.readexactly(length)
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The server's worker processes (its children)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+class Cpu:
+    """CPU seconds used by the server process and by its workers since the last ``take``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.last = self._now()
+
+    def _now(self) -> tuple[float, float]:
+        return process_cpu(self.pid), sum(process_cpu(c) for c in children(self.pid))
+
+    def take(self) -> tuple[float, float]:
+        now = self._now()
+        used = (now[0] - self.last[0], now[1] - self.last[1])
+        self.last = now
+        return used
+
+
 async def closed_loop(
     address: str, request: bytes, clients: int, seconds: float
 ) -> tuple[float, list[float]]:
@@ -134,13 +169,12 @@ async def main(args: argparse.Namespace) -> None:
         write_repository(repo, args.burn_ms)
         server = start_server(repo, timeout=180)
         try:
-            address = server.http_address
-            await run(address, args)
+            await run(server.http_address, server.process.pid, args)
         finally:
             server.stop()
 
 
-async def run(address: str, args: argparse.Namespace) -> None:
+async def run(address: str, pid: int, args: argparse.Namespace) -> None:
     burn = {m: json_request(address, m) for m in ("burn-server", "burn-w1", "burn-w2")}
     echo = {m: json_request(address, m) for m in ("echo-server", "echo-w1")}
     big_tensor = np.random.default_rng(0).random(1024 * 1024, dtype=np.float32)
@@ -156,11 +190,17 @@ async def run(address: str, args: argparse.Namespace) -> None:
         assert body.endswith(big_tensor.tobytes()), f"{model}: the 4 MiB tensor came back changed"
 
     throughput: dict[str, list[float]] = {m: [] for m in [*burn, *echo]}
+    cpu_us: dict[str, list[tuple[float, float]]] = {m: [] for m in echo}
     round_trip: dict[str, list[float]] = {m: [] for m in big}
+    cpu = Cpu(pid)
     for _ in range(args.rounds):
         for model, request in [*burn.items(), *echo.items()]:
-            rate, _ = await closed_loop(address, request, args.clients, args.duration)
+            cpu.take()
+            rate, latencies = await closed_loop(address, request, args.clients, args.duration)
+            server_s, workers_s = cpu.take()
             throughput[model].append(rate)
+            if model in cpu_us:
+                cpu_us[model].append((server_s / len(latencies) * 1e6, workers_s / len(latencies) * 1e6))
         for model, request in big.items():
             for _ in range(args.big_requests):
                 start = time.perf_counter()
@@ -181,6 +221,12 @@ async def run(address: str, args: argparse.Namespace) -> None:
         print(f"  {model:12} {best(model):8.1f} req/s")
     ratio = best("echo-w1") / best("echo-server")
     print(f"  1 worker / server process: {ratio:.2f} (target >= 0.75)")
+    for model in echo:
+        server_us = statistics.median(c[0] for c in cpu_us[model])
+        worker_us = statistics.median(c[1] for c in cpu_us[model])
+        print(
+            f"  {model:12} CPU per request: server process {server_us:6.0f} us, workers {worker_us:6.0f} us"
+        )
     print("4 MiB FP32 tensor echoed (binary extension), one client, median round trip:")
     for model, times in round_trip.items():
         print(f"  {model:12} {statistics.median(times) * 1000:8.2f} ms")
