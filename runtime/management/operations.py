@@ -175,7 +175,7 @@ class Management:
             existing = None
         if existing is not None and (existing.version == settings.version):
             raise Conflict(f"Model version {settings.version} for model {settings.name} already registered.")
-        count = settings.workers if settings.workers is not None else self.settings.parallel_workers
+        count = self.registry.workers_for(settings)
         registered = Registered(settings.name, settings.version, count, synchronous)
         if synchronous:
             entry = await self.registry.load(settings)
