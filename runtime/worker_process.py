@@ -32,8 +32,8 @@ from typing import Any
 from .model import MLModel
 from .repository import import_model_class
 from .scheduling import make_scheduler
-from .scheduling.base import RequestFailed, Scheduler
 from .scheduling.executor import InProcessExecutor
+from .scheduling.scheduler import RequestFailed, Scheduler
 from .sequences.sequence_model import SequenceModel, SequenceStep
 from .settings import ModelSettings
 from .types import InferenceRequest, InferenceResponse

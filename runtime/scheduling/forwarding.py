@@ -19,7 +19,7 @@ from ..sequences.identity import ID, parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from ..workers import WorkerProcess
-from .base import RequestFailed, Scheduler
+from .scheduler import RequestFailed, Scheduler
 from .worker_executor import WorkerExecutor
 
 
