@@ -8,7 +8,7 @@ A plain ``def predict`` runs on the model's own threads, as in the server proces
 
 Sequence states live here: ``seq`` steps get the state the previous step of their sequence left,
 and ``seq_end`` drops it (and calls the model's ``sequence_ended``). The server keeps only a
-:class:`~runtime.workers.protocol.HeldState` that says which worker holds it.
+:class:`~runtime.workers.messages.HeldState` that says which worker holds it.
 
 The worker exits when its server's end of the socket closes (the server died or gave it up), and
 ignores SIGINT: the server decides when its workers stop (``stop``: unload, then exit 0).
@@ -38,7 +38,7 @@ from .sequences.sequence_model import SequenceModel, SequenceStep
 from .settings import ModelSettings
 from .types import InferenceRequest, InferenceResponse
 from .workers.connection import Connection
-from .workers.protocol import ACK_EVERY, WINDOW, portable
+from .workers.messages import ACK_EVERY, WINDOW, portable
 
 logger = logging.getLogger(__name__)
 

@@ -3,11 +3,11 @@
 ``runtime.scheduling.worker_executor.WorkerExecutor`` puts them behind the executor seam of the
 schedulers; ``WorkerPool`` supervises
 the processes (restart, least-busy dispatch, sequence affinity, scaling, drain); the wire format
-is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``protocol`` (the messages).
+is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``messages`` (what they say).
 """
 
+from .messages import HeldState
 from .pool import WorkerPool
 from .process import WorkerProcess
-from .protocol import HeldState
 
 __all__ = ["HeldState", "WorkerPool", "WorkerProcess"]

@@ -29,7 +29,7 @@ from ..errors import WorkerLost
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .connection import Connection
-from .protocol import ACK_EVERY, FINAL, WINDOW
+from .messages import ACK_EVERY, FINAL, WINDOW
 
 logger = logging.getLogger(__name__)
 
