@@ -110,6 +110,8 @@ class Worker:
         self.scheduler: Scheduler | None = None
         """With continuous batching, the model's batcher runs here (the server forwards requests)."""
         self.done: asyncio.Future[int] | None = None
+        self.idle_at_exit = False
+        """The worker ends after a drain (or a failed load): no model code is running."""
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -198,6 +200,7 @@ class Worker:
         except Exception as exc:
             logger.exception("Worker %d of model failed to load", worker_id)
             self._send(("failed", 0, f"{type(exc).__name__}: {exc}"))
+            self.idle_at_exit = True
             await self.conn.drain()
             assert self.done is not None
             self.done.set_result(1)
@@ -224,6 +227,7 @@ class Worker:
         if self.executor is not None:
             self.executor.close()
         self._send(("stopped", 0, None))
+        self.idle_at_exit = True
         await self.conn.drain()
         assert self.done is not None
         if not self.done.done():
@@ -357,10 +361,14 @@ def main(argv: list[str] | None = None) -> int:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency where it exists
         runner = asyncio.run
-    code: int = runner(Worker(sock).run())
+    worker = Worker(sock)
+    code: int = runner(worker.run())
+    if worker.idle_at_exit:  # a drain or a failed load: nothing runs, exit as usual
+        return code
     sys.stdout.flush()
-    os._exit(code)  # threads still inside a model's code must not hold the exit up
+    sys.stderr.flush()
+    os._exit(code)  # the server is gone: threads still inside a model's code must not hold the exit up
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
