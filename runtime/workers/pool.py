@@ -186,7 +186,7 @@ class WorkerPool:
         while True:
             best: WorkerProcess | None = None
             for worker in self.workers:
-                if worker.status != "READY":
+                if worker.status != "READY" or not worker.alive:  # dead, not yet noticed
                     continue
                 if best is None or (worker.busy, self._last.get(worker.id, -1)) < (
                     best.busy,
@@ -221,7 +221,7 @@ class WorkerPool:
 
     def newcomer(self) -> WorkerProcess:
         """The ready worker that should take a new sequence: the one with the fewest."""
-        ready = [w for w in self.workers if w.status == "READY"]
+        ready = [w for w in self.workers if w.status == "READY" and w.alive]
         if not ready:
             raise ModelNotReady(f"Model {self.name!r} has no worker ready for a new sequence")
         return min(ready, key=lambda w: (len(w.sequences), w.busy))
