@@ -357,3 +357,65 @@ async def test_streams_the_client_leaves_are_counted_as_cancelled() -> None:
     assert value(samples, "model_streams_cancelled_total", **labels) == 2
     assert value(samples, "model_streams_open", **labels) == 0
     assert value(samples, "model_stream_events_sent_total", **labels) >= 4
+
+
+async def test_sequence_batching_reports_queue_and_compute_time() -> None:
+    """A step queued behind its sequence's running step waits; both steps are timed in the model."""
+    async with serving(
+        ModelSettings(name="seq", implementation=SequenceRecorder, sequence_batching=True)
+    ) as server:
+        scheduler = server.registry.get("seq").scheduler
+        assert scheduler is not None
+        model = scheduler.model
+        assert isinstance(model, SequenceRecorder)
+        model.gate.clear()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            first = asyncio.create_task(
+                client.post(
+                    "/v2/models/seq/infer", json=seq_body(1, sequence_id="q", sequence_start=True, hold=True)
+                )
+            )
+            await asyncio.wait_for(model.holding.wait(), 30)
+            second = asyncio.create_task(
+                client.post("/v2/models/seq/infer", json=seq_body(2, sequence_id="q", hold_s=0.05))
+            )
+            await until(lambda: scheduler.describe()["stats"]["queued_requests"] == 1)
+            model.gate.set()
+            assert [(await first).status_code, (await second).status_code] == [200, 200]
+        samples = await scrape(server.metrics_port or 0)
+    labels = {"model": "seq", "version": ""}
+    assert value(samples, "nv_inference_exec_count", **labels) == 2
+    assert value(samples, "nv_inference_count", **labels) == 2
+    assert value(samples, "nv_inference_queue_duration_us", **labels) > 0  # the second waited for the first
+    assert (
+        value(samples, "nv_inference_compute_infer_duration_us", **labels) >= 50_000
+    )  # hold_s of the second
+
+
+async def test_continuous_batching_reports_queue_and_compute_time() -> None:
+    """With one slot, a stream waits while another runs; every step is timed in the model."""
+    settings = ModelSettings(
+        name="steps",
+        implementation="tests.continuous_models.Ticker",
+        continuous_batching=True,
+        max_batch_size=1,
+    )
+    async with serving(settings) as server:
+        scheduler = server.registry.get("steps").scheduler
+        assert scheduler is not None
+        model: Any = scheduler.model
+        model.hold()
+        one = {"inputs": [], "parameters": {"length": 3, "delay_ms": 20}}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            first = asyncio.create_task(client.post("/v2/models/steps/infer", json=one))
+            await asyncio.wait_for(model.wait_stepping(), 30)
+            second = asyncio.create_task(client.post("/v2/models/steps/infer", json=one))
+            await until(lambda: getattr(scheduler, "queued", 0) == 1)
+            model.release()
+            assert [(await first).status_code, (await second).status_code] == [200, 200]
+        samples = await scrape(server.metrics_port or 0)
+    labels = {"model": "steps", "version": ""}
+    assert value(samples, "nv_inference_exec_count", **labels) == 6  # 3 steps each, one at a time
+    assert value(samples, "nv_inference_count", **labels) == 6
+    assert value(samples, "nv_inference_queue_duration_us", **labels) > 0  # the second waited 3 steps
+    assert value(samples, "nv_inference_compute_infer_duration_us", **labels) >= 6 * 20_000
