@@ -166,3 +166,54 @@ def test_the_core_does_not_import_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("settings", "document"),
+    [
+        (ModelSettings(name="direct", implementation=zoo.Echo), ECHO),
+        (
+            ModelSettings(name="seq", implementation="tests.models.seqzoo.Recorder", sequence_batching=True),
+            {
+                "inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}],
+                "parameters": {"sequence_id": "t", "sequence_start": True},
+            },
+        ),
+        (
+            ModelSettings(
+                name="steps", implementation="tests.continuous_models.Ticker", continuous_batching=True
+            ),
+            {"inputs": [], "parameters": {"length": 2}},
+        ),
+    ],
+    ids=["direct", "sequence", "continuous"],
+)
+async def test_every_strategy_traces_its_queue_batch_and_model_call(
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+    settings: ModelSettings,
+    document: dict[str, object],
+) -> None:
+    provider, memory = exporter
+    async with serving(settings, tracer_provider=provider) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            response = await client.post(
+                f"/v2/models/{settings.name}/infer", json=document, headers={"traceparent": TRACEPARENT}
+            )
+            assert response.status_code == 200, response.text
+    spans = memory.get_finished_spans()
+    (infer,) = by_name(spans, f"infer {settings.name}")
+    assert _hex(infer.context.trace_id) == TRACE_ID
+    batches = by_name(spans, "batch")
+    steps = 2 if settings.continuous_batching else 1  # continuous batching: a batch span per step
+    assert len(batches) == steps
+    for batch in batches:
+        assert [link.context.span_id for link in batch.links] == [infer.context.span_id]
+        assert batch.attributes is not None and batch.attributes["batch.size"] == 1
+    predicts = by_name(spans, "predict")
+    assert sorted(p.parent.span_id for p in predicts if p.parent) == sorted(
+        b.context.span_id for b in batches
+    )
+    (queue,) = by_name(spans, "queue")  # a request waits once, before its first model call
+    assert queue.parent is not None and queue.parent.span_id == infer.context.span_id
+    assert queue.start_time is not None and queue.end_time is not None
+    assert queue.start_time <= queue.end_time
