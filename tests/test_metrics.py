@@ -419,3 +419,51 @@ async def test_continuous_batching_reports_queue_and_compute_time() -> None:
     assert value(samples, "nv_inference_count", **labels) == 6
     assert value(samples, "nv_inference_queue_duration_us", **labels) > 0  # the second waited 3 steps
     assert value(samples, "nv_inference_compute_infer_duration_us", **labels) >= 6 * 20_000
+
+
+async def test_stream_access_lines_name_their_models(access_lines: list[str]) -> None:
+    """One line per SSE stream and per ModelStreamInfer call, naming the model(s) its requests named."""
+    async with serving(*MODELS, access_log=True) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            one = {"inputs": [{"name": "n", "shape": [1], "datatype": "INT32", "data": [2]}]}
+            async with aconnect_sse(client, "POST", "/v2/models/counter/infer_stream", json=one) as source:
+                assert len([event async for event in source.aiter_sse()]) == 2
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            call = channel.stream_stream(
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            requests = []
+            for i, name in enumerate(("echo", "echo", "seq")):
+                request = pb.ModelInferRequest(model_name=name, id=f"s-{i}")
+                if name == "seq":
+                    request.inputs.add(name="x", datatype="INT64", shape=[1]).contents.int64_contents.append(
+                        1
+                    )
+                    request.parameters["sequence_id"].string_param = "g7"
+                    request.parameters["sequence_start"].bool_param = True
+                else:
+                    request.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(
+                        1.0
+                    )
+                requests.append(request)
+            replies = [reply async for reply in call(iter(requests))]
+            assert [r.id for r in replies] == ["s-0", "s-1", "s-2"]
+            assert all("error" not in r.parameters for r in replies)
+    lines = [json.loads(line) for line in access_lines]
+    assert len(lines) == 2
+    sse, rpc = lines
+    assert (sse["transport"], sse["route"], sse["model"], sse["status"]) == (
+        "rest",
+        "POST /v2/models/{model_name}/infer_stream",
+        "counter",
+        200,
+    )
+    assert (rpc["transport"], rpc["route"], rpc["model"], rpc["status"]) == (
+        "grpc",
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "echo,seq",
+        "OK",
+    )
+    assert (rpc["request_id"], rpc["sequence_id"]) == ("s-0", "g7")
