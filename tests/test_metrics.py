@@ -311,15 +311,27 @@ async def test_access_log_lines_are_json_with_every_field(access_lines: list[str
     assert rpc["route"] == "/inference.GRPCInferenceService/ModelInfer"
 
 
-def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any) -> None:
-    """The real CLI with --use-structured-logging and --access-log: every stderr line is JSON."""
+@pytest.mark.parametrize("how", ["flags", "settings.json", "environment"])
+def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any, how: str) -> None:
+    """The real CLI with structured logging and the access log on (by flags, by settings.json, or
+    by MLServer's environment variables): every stderr line is JSON."""
     from .servers import start_server
 
     (tmp_path / "echo").mkdir()
     (tmp_path / "echo" / "model-settings.json").write_text(
         json.dumps({"name": "echo", "implementation": "tests.models.zoo.Echo"})
     )
-    server = start_server(tmp_path, "--use-structured-logging", "--access-log")
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    if how == "flags":
+        flags = ("--use-structured-logging", "--access-log")
+    elif how == "settings.json":
+        (tmp_path / "settings.json").write_text(
+            json.dumps({"use_structured_logging": True, "access_log": True})
+        )
+    else:
+        env = {"MLSERVER_USE_STRUCTURED_LOGGING": "true", "MLSERVER_ACCESS_LOG": "true"}
+    server = start_server(tmp_path, *flags, env=env)
     try:
         with httpx.Client(base_url=server.http_url) as client:
             assert client.post("/v2/models/echo/infer", json=ECHO).status_code == 200
