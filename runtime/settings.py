@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     """Port of the Prometheus metrics server; 0 picks a free port (the chosen one is logged)."""
 
     tracing_server: str | None = None
-    """OTLP endpoint the OpenTelemetry traces are exported to, e.g. ``http://collector:4318`` (OTLP
-    over HTTP) or ``collector:4317`` (OTLP over gRPC). Needs the ``tracing`` extra. Unset: traces
+    """OTLP/gRPC address the OpenTelemetry traces are exported to, as in MLServer, e.g.
+    ``otel-collector:4317`` (plaintext unless ``https://``; ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
+    makes it an OTLP/HTTP address). Needs the ``tracing`` extra. Unset: traces
     are on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 

@@ -151,9 +151,21 @@ def test_the_exporter_follows_tracing_server(monkeypatch: pytest.MonkeyPatch) ->
 
     for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
         monkeypatch.delenv(name, raising=False)
+    # as MLServer: tracing_server is an OTLP/gRPC address, with or without a scheme
+    for address in ("collector:4317", "http://collector:4317"):
+        grpc_exporter = tracing.exporter(Settings(tracing_server=address))
+        assert isinstance(grpc_exporter, GrpcExporter) and grpc_exporter._endpoint == "collector:4317"
+    # the standard protocol variable makes it an OTLP/HTTP address
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     http = tracing.exporter(Settings(tracing_server="http://collector:4318"))
     assert isinstance(http, HttpExporter) and http._endpoint == "http://collector:4318/v1/traces"
-    assert isinstance(tracing.exporter(Settings(tracing_server="collector:4317")), GrpcExporter)
+    # without tracing_server, the OTEL_* variables say where (over HTTP unless they say grpc)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://elsewhere:4318/v1/traces")
+    default = tracing.exporter(Settings())
+    assert isinstance(default, HttpExporter) and default._endpoint == "http://elsewhere:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert isinstance(tracing.exporter(Settings()), GrpcExporter)
 
 
 def test_the_core_does_not_import_opentelemetry() -> None:

@@ -41,25 +41,34 @@ def wanted(settings: Settings) -> bool:
 
 
 def exporter(settings: Settings) -> Any:
-    """The OTLP span exporter: HTTP for an ``http(s)://`` address (unless OTEL_EXPORTER_OTLP_PROTOCOL
-    says grpc), gRPC otherwise; with no ``tracing_server``, the exporter reads the OTEL_* variables."""
+    """The OTLP span exporter.
+
+    ``tracing_server`` is read as MLServer reads it: the address of a collector's OTLP/gRPC
+    receiver (``collector:4317``, ``http://collector:4317``; plaintext unless ``https://``), so an
+    MLServer settings.json traces unchanged; ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``) ``http/protobuf`` makes it an OTLP/HTTP address instead
+    (``/v1/traces`` is added). Without ``tracing_server`` the exporter reads the ``OTEL_*``
+    variables, over HTTP unless the protocol says ``grpc`` (the SDK's default protocol).
+    """
     server = settings.tracing_server
     protocol = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
-    use_http = protocol.startswith("http") or (not protocol and bool(server) and "://" in (server or ""))
-    if server is None and not protocol:
-        use_http = True  # the SDK's default protocol is http/protobuf
+    ).strip()
+    use_http = protocol.startswith("http") if protocol else server is None
     if use_http:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         if server is None:
             return OTLPSpanExporter()
+        if "://" not in server:
+            server = "http://" + server
         endpoint = server if server.rstrip("/").endswith("/v1/traces") else server.rstrip("/") + "/v1/traces"
         return OTLPSpanExporter(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-    return GrpcExporter(endpoint=server) if server else GrpcExporter()
+    if server is None:
+        return GrpcExporter()
+    return GrpcExporter(endpoint=server, insecure=not server.startswith("https://"))
 
 
 def from_settings(settings: Settings, provider: Any = None) -> Tracing | None:
