@@ -224,6 +224,14 @@ def batch_span(
     return _active.batch(model, batch_id, callers, arrival)
 
 
+def direct_span(model: str, call_id: int, arrival: float) -> AbstractContextManager[None]:
+    """:func:`batch_span` for a model call serving the current request alone, which arrived at
+    ``arrival`` (``time.monotonic()``); nothing is built when tracing is off."""
+    if _active is None:
+        return _QUIET
+    return _active.batch(model, call_id, (Here(arrival),), _ARRIVAL)
+
+
 class Here:
     """A caller that did not queue (a direct call): the current context, arrived at ``arrival``."""
 

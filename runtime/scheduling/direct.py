@@ -10,7 +10,7 @@ from contextlib import aclosing
 
 from ..errors import Overloaded
 from ..model import MLModel
-from ..observability.tracing import Here, batch_span
+from ..observability.tracing import direct_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import Scheduler
@@ -49,7 +49,7 @@ class DirectScheduler(Scheduler):
         self._enter()
         start = time.monotonic()
         try:
-            with batch_span(self.settings.name, next(self._calls), (Here(start),)):
+            with direct_span(self.settings.name, next(self._calls), start):
                 return await self.executor.call_predict(request)
         finally:
             self.stats.executed(1, compute=time.monotonic() - start)
