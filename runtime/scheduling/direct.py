@@ -13,7 +13,7 @@ from ..model import MLModel
 from ..observability.tracing import direct_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import Scheduler
+from .scheduler import Scheduler
 
 
 class DirectScheduler(Scheduler):
