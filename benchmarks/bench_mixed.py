@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -108,7 +109,20 @@ def _client(kind: str, address: str, args: argparse.Namespace) -> subprocess.Pop
     cmd = [sys.executable, __file__, "--client", kind, "--address", address]
     cmd += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
     cmd += ["--connections", str(args.connections), "--elements", str(args.elements)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    cpus = args.client_cpus
+
+    def pin() -> None:  # runs in the child, before it starts
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=pin)
+
+
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a running process (gRPC core's included) to ``cpus``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), cpus)
 
 
 def _result(process: subprocess.Popen[str]) -> dict[str, Any]:
@@ -192,9 +206,13 @@ def main() -> int:
     parser.add_argument(
         "--compare", action="store_true", help="also run a server with transport_fairness off, interleaved"
     )
+    parser.add_argument(
+        "--pin", action="store_true", help="run the servers on CPU 0 and the clients on the other CPUs"
+    )
     parser.add_argument("--client", choices=["rest", "grpc"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.client_cpus = None
     if args.client:
         run = _rest if args.client == "rest" else _grpc
         try:
@@ -212,6 +230,13 @@ def main() -> int:
     if args.compare:
         configs["transport_fairness off"] = {"MLSERVER_TRANSPORT_FAIRNESS": "false"}
     servers = {name: start_server(ECHO, env=env) for name, env in configs.items()}
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--pin needs at least 2 CPUs")
+        for server in servers.values():
+            _pin_process(server.process.pid, {cpus[0]})
+        args.client_cpus = set(cpus[1:])
     rounds: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in configs}
     try:
         for _ in range(args.rounds):
@@ -224,6 +249,7 @@ def main() -> int:
     print(
         f"echo model, {args.connections} REST connections / {args.connections} gRPC calls in flight, "
         f"{args.seconds:g}s each, {args.rounds} rounds, {os.cpu_count()} CPUs"
+        + (", servers pinned to one CPU and clients to the others" if args.pin else "")
     )
     fair = [_report(name, server_rounds) for name, server_rounds in rounds.items()]
     return 0 if fair[0] else 1

@@ -12,8 +12,8 @@ REST connections gRPC fell to a fraction of its rate alone, with p99 latencies o
 before the handler started (the handler and the answer stayed under a millisecond).
 
 What: while gRPC inference calls are being served (one started within ``GRPC_ACTIVE_WINDOW``),
-REST inference requests take turns, at most ``REST_STARTS_PER_ITERATION`` starting per loop
-iteration and the others waiting their turn in order of arrival. Iterations stay short, so
+REST ``infer`` requests (the hot path) take turns, at most ``REST_STARTS_PER_ITERATION``
+starting per loop iteration and the others waiting their turn in order of arrival. Iterations stay short, so
 gRPC's accept gets its iterations and each transport keeps a fair share of the loop. With no
 gRPC traffic nothing waits: REST alone runs as before. Health, metadata and every other cheap
 request never wait. ``Settings.transport_fairness`` turns it off.

@@ -137,7 +137,7 @@ class Settings(BaseSettings):
 
     transport_fairness: bool = True
     """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
-    served, REST inference requests start one per loop iteration, so that gRPC (which accepts one
+    served, REST ``infer`` requests start one per loop iteration, so that gRPC (which accepts one
     call at a time) is not starved by many REST connections. REST alone is not slowed. See
     runtime/fairness.py and the README's "REST and gRPC together"."""
 
