@@ -28,10 +28,11 @@ round to round; ``--compare --rounds 5``, medians):
     REST beside gRPC     1931   8.0  16.1       1858   5.9  37.9
     kept beside other    gRPC 0.94, REST 0.85   gRPC 0.79, REST 0.81
 
-Without the turns gRPC's p99 beside REST is 200-450 ms in every run (the calls queue in front of
-grpc.aio's one-at-a-time accept; handler and answer stay under a millisecond), with them 30-125 ms.
-The rates alone and together scatter with the machine's load (gRPC kept 0.29-1.07 of its rate
-alone without the turns, 0.52-0.94 with them, in four runs).
+Four runs of ``--compare`` (2, 3, 5 rounds and 3 with ``--pin``): gRPC's p99 beside REST was
+438, 84, 211 ms without the turns and 126, 48, 35 ms with them; with ``--pin`` (both clients on one
+core) the REST client could not load the server (REST alone 800-1100 req/s) and gRPC kept its rate
+either way. gRPC kept 0.29, 1.07, 0.79 of its rate alone without the turns and 0.52, 1.39, 0.94
+with them: the rates scatter with the machine's load, the tail latency shows the effect.
 """
 
 from __future__ import annotations
