@@ -23,6 +23,7 @@ from runtime.settings import ModelSettings
 from .grpc_support import raw_request
 from .models import zoo
 from .servers import serving
+from .test_grpc_streaming import COUNTER, stream_call
 
 pytestmark = pytest.mark.anyio
 
@@ -135,6 +136,17 @@ async def test_grpc_inference_makes_rest_take_turns_and_rest_is_still_answered()
         assert [answer.status_code for answer in answers] == [200] * 8
         assert all(answer.json()["outputs"][0]["data"] == [0, 1, 2, 3] for answer in answers)
         assert turns.waiting == 0
+
+
+async def test_a_grpc_stream_message_makes_rest_take_turns() -> None:
+    async with serving(COUNTER) as server:
+        assert not server.dataplane.turns.contended()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            request = raw_request("counter", "one", n=np.array([1], np.int32))
+            call = stream_call(channel, "mlserver")(iter([request]))
+            assert len([message async for message in call]) == 1
+            assert await call.code() == grpc.StatusCode.OK
+        assert server.dataplane.turns.contended()
 
 
 async def test_grpc_inference_leaves_rest_alone_when_the_setting_is_off() -> None:
