@@ -136,6 +136,12 @@ class Settings(BaseSettings):
     """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
     without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
 
+    transport_fairness: bool = True
+    """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
+    served, REST ``infer`` requests start one per loop iteration, so that gRPC (which accepts one
+    call at a time) is not starved by many REST connections. REST alone is not slowed. See
+    runtime/fairness.py and the README's "REST and gRPC together"."""
+
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
 
