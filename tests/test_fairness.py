@@ -20,10 +20,10 @@ from runtime.fairness import LoopTurns
 from runtime.grpc.generated import dataplane_pb2_grpc
 from runtime.settings import ModelSettings
 
+from .grpc.test_stream_rpc import COUNTER, stream_call
 from .grpc_support import raw_request
 from .models import zoo
 from .servers import serving
-from .test_grpc_streaming import COUNTER, stream_call
 
 pytestmark = pytest.mark.anyio
 
