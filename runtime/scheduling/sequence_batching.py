@@ -41,9 +41,9 @@ from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batch_strategy import OneInFlight
+from .executor import Executor
 from .scheduler import RequestFailed, Scheduler
 from .sequence_streams import serve_stream
-from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ class SequenceScheduler(Scheduler):
         settings: ModelSettings,
         store: StateStore | None = None,
         stateless: Scheduler | None = None,
-        workers: WorkerExecutor | None = None,
+        executor: Executor | None = None,
     ) -> None:
-        super().__init__(model, settings, workers)
+        super().__init__(model, settings, executor)
         if not isinstance(model, SequenceModel):
             raise TypeError(
                 f"{type(model).__qualname__} is served with sequence_batching, so it must subclass "
@@ -70,13 +70,10 @@ class SequenceScheduler(Scheduler):
         self.seq_model: SequenceModel = model
         self._wake = asyncio.Event()
         self.strategy = OneInFlight(self._wake)
-        self.workers = workers
-        """With ``workers``, each sequence's steps run in the worker process that holds its state."""
-        ended = model.sequence_ended if workers is None else workers.sequence_ended
-        self._predict_sequences = model.predict_sequences if workers is None else workers.predict_sequences
-        self.engine = SequenceEngine(settings, ended, self.strategy, store)
-        if workers is not None:
-            workers.pool.on_lost = self._lost
+        # in worker processes, each sequence's steps run in the worker that holds its state
+        self._predict_sequences = self.executor.predict_sequences
+        self.engine = SequenceEngine(settings, self.executor.sequence_ended, self.strategy, store)
+        self.executor.on_lost(self._lost)
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
