@@ -1,25 +1,31 @@
 """TorchServe's sequence headers ⇄ the OIP sequence parameters (translation only; the core decides).
 
 Requests: ``ts_request_sequence_id`` / ``ts_request_sequence_start`` / ``ts_request_sequence_end``
-(any case) become the parameters ``sequence_id`` / ``sequence_start`` / ``sequence_end``.
-Responses of a sequence carry ``ts_request_sequence_id`` (for sticky routers in front of replicas)
-and, on the response that ends it, ``ts_request_sequence_end: true``.
+(any case) become the parameters ``sequence_id`` / ``sequence_start`` / ``sequence_end``; the header
+``sequence_step`` (for proxies that retry) the parameter of the same name.
+Responses of a sequence carry ``ts_request_sequence_id`` (for sticky routers in front of replicas;
+a START without an id learns the id the server made), on the response that ends it
+``ts_request_sequence_end: true``, and with replicas sharing the states ``sequence_replica``, the
+replica that served the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..sequences.identity import END, ID, START, apply_transport_fields
+from ..sequences.identity import END, ID, REPLICA, START, STEP, apply_transport_fields
 from ..types import InferenceRequest, InferenceResponse
 
 HEADER_ID = "ts_request_sequence_id"
 HEADER_START = "ts_request_sequence_start"
 HEADER_END = "ts_request_sequence_end"
-_HEADERS = ((HEADER_ID, ID), (HEADER_START, START), (HEADER_END, END))
+HEADER_STEP = STEP
+HEADER_REPLICA = REPLICA
+_HEADERS = ((HEADER_ID, ID), (HEADER_START, START), (HEADER_END, END), (HEADER_STEP, STEP))
 
 
 _PREFIX = b"ts_request_sequence_"
+_STEP = HEADER_STEP.encode()
 
 
 def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
@@ -28,7 +34,7 @@ def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple
     ``raw_headers`` are the ASGI scope's (names already lower-case); one pass finds them, so a
     request without them pays a few prefix comparisons.
     """
-    found = {name: value for name, value in raw_headers if name[:20] == _PREFIX}
+    found = {name: value for name, value in raw_headers if name[:20] == _PREFIX or name == _STEP}
     if not found:
         return
     fields = {
@@ -48,4 +54,7 @@ def sequence_headers(response: InferenceResponse) -> dict[str, str]:
     headers = {HEADER_ID: str(extra[ID])}
     if extra.get(END) is True:
         headers[HEADER_END] = "true"
+    replica = extra.get(REPLICA)
+    if replica is not None:
+        headers[HEADER_REPLICA] = str(replica)
     return headers

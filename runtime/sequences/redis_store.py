@@ -1,0 +1,278 @@
+"""Sequence states in Redis, shared by the replicas of a model (``sequence_store: "redis://host:port/db"``).
+
+One Redis hash per sequence, under ``mlserver:seq:<model>:<version>:<sequence id>``, holds:
+
+- ``state``: the model's state after the last applied step, pickled (binary; numpy arrays and
+  tensors travel as their bytes, not as JSON);
+- ``step``: how many steps were applied; ``answer``: the pickled answer of the last one when the
+  client numbered it (``sequence_step``), so that a retry of it gets that answer again;
+- ``owner``, ``token``, ``until``: the lease. ``owner`` is the replica applying the sequence's steps,
+  ``until`` (Redis time, ms) when its lease expires, ``token`` the fencing token: it grows each time
+  the sequence changes hands (or STARTs again), and every write checks it, so a replica that lost
+  the sequence (its lease expired, another took over) cannot write it any more;
+- ``ended``: the reason the sequence ended, once it did (the state is dropped then).
+
+The hash expires after ``max_sequence_idle_ms`` without a step (an ended one after that, or an hour
+when the idle timeout is off). Claims and writes are Lua scripts, so each is atomic; the claims of
+a batch go in one pipelined round trip and so do its writes.
+
+The states are pickled: the Redis server is trusted infrastructure of the deployment (whoever can
+write to it can run code in the replicas), as a model repository is.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from ..ids import new_secret_id
+from .store import Claim, Commit, SharedStateStore
+
+_CLAIM = """
+local key = KEYS[1]
+local owner, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local start, step = ARGV[4] == '1', tonumber(ARGV[5])
+local h = redis.call('HMGET', key, 'owner', 'token', 'until', 'ended', 'step')
+local holder, token, untl, ended, done = h[1], tonumber(h[2]) or 0, tonumber(h[3]) or 0, h[4], tonumber(h[5]) or 0
+if h[2] and step > 0 and step == done then
+  local answer = redis.call('HGET', key, 'answer')
+  if answer then return {'replay', answer} end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if holder and holder ~= owner and untl > now then return {'busy', untl - now} end
+if start then
+  token = token + 1
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease, 'step', 0)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+  return {'ok', token, false, 0}
+end
+if ended then return {'ended', ended, done} end
+if not h[2] then return {'none'} end
+if step > 0 and step ~= done + 1 then return {'conflict', done} end
+if holder ~= owner then token = token + 1 end
+redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease)
+if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+return {'ok', token, redis.call('HGET', key, 'state') or false, done}
+"""
+
+_COMMIT = """
+local key = KEYS[1]
+local h = redis.call('HMGET', key, 'owner', 'token')
+if h[1] ~= ARGV[1] or tonumber(h[2]) ~= tonumber(ARGV[2]) then return 0 end
+local lease, ttl, ended_ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ended, step = ARGV[6], ARGV[7]
+if step ~= '' then
+  redis.call('HSET', key, 'step', step)
+  if ARGV[9] == '1' then redis.call('HSET', key, 'answer', ARGV[10]) else redis.call('HDEL', key, 'answer') end
+end
+if ended ~= '' then
+  redis.call('HDEL', key, 'state', 'owner', 'until')
+  redis.call('HSET', key, 'ended', ended)
+  if ended_ttl > 0 then redis.call('PEXPIRE', key, ended_ttl) end
+  return 1
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', key, 'state', ARGV[8], 'until', now + lease)
+if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+return 1
+"""
+
+_RELEASE = """
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
+if h[1] ~= ARGV[1] or tonumber(h[2]) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'until', 0)
+return 1
+"""
+
+ENDED_TTL_MS = 3_600_000
+"""How long an ended sequence is remembered when the idle timeout is off."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStateStore(SharedStateStore):
+    """The states of one model version's sequences in Redis; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str | None,
+        *,
+        capacity: int,
+        ttl_ms: int,
+        lease_ms: int,
+        replica: str | None = None,
+    ) -> None:
+        import redis.asyncio as aioredis  # an optional dependency: pip install 'mlserver-like[redis]'
+
+        self.url = url
+        self.capacity = capacity
+        self.ttl_ms = ttl_ms
+        self.ended_ttl_ms = ttl_ms or ENDED_TTL_MS
+        self.lease_ms = lease_ms
+        self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{new_secret_id()[:8]}"
+        self.prefix = f"mlserver:seq:{model}:{version or ''}:"
+        self.client = aioredis.Redis.from_url(url)
+        self._claim = self.client.register_script(_CLAIM)
+        self._commit = self.client.register_script(_COMMIT)
+        self._release = self.client.register_script(_RELEASE)
+        self._held: dict[str, tuple[int, Any]] = {}
+        """The sequences this replica holds: key -> (fencing token, last state)."""
+
+    def key(self, key: str) -> str:
+        return self.prefix + key
+
+    # ------------------------------------------------------------------ the step protocol
+
+    async def claim(self, items: Sequence[tuple[str, bool, int | None]]) -> list[Claim]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, start, step in items:
+                await self._claim(
+                    keys=[self.key(key)],
+                    args=[self.replica, self.lease_ms, self.ttl_ms, int(start), step or 0],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        claims: list[Claim] = []
+        for (key, _start, _step), reply in zip(items, replies, strict=True):
+            kind = _text(reply[0])
+            if kind == "ok":
+                state = pickle.loads(reply[2]) if reply[2] else None
+                self._held[key] = (int(reply[1]), state)
+                claims.append(Claim("ok", state=state, done=int(reply[3])))
+            elif kind == "replay":
+                claims.append(Claim("replay", answer=pickle.loads(reply[1])))
+            elif kind == "conflict":
+                claims.append(Claim("conflict", done=int(reply[1])))
+            elif kind == "busy":
+                claims.append(Claim("busy", retry_ms=int(reply[1])))
+            elif kind == "ended":
+                self._held.pop(key, None)
+                claims.append(Claim("ended", reason=_text(reply[1]), done=int(reply[2])))
+            else:
+                self._held.pop(key, None)
+                claims.append(Claim("none"))
+        return claims
+
+    async def commit(self, items: Sequence[Commit]) -> list[bool]:
+        tokens: list[int | None] = []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for item in items:
+                held = self._held.get(item.key)
+                tokens.append(held[0] if held is not None else None)
+                if held is None:
+                    continue
+                await self._commit(
+                    keys=[self.key(item.key)],
+                    args=[
+                        self.replica,
+                        held[0],
+                        self.lease_ms,
+                        self.ttl_ms,
+                        self.ended_ttl_ms,
+                        item.ended or "",
+                        item.step,
+                        b"" if item.ended else pickle.dumps(item.state, protocol=5),
+                        int(item.answer is not None),
+                        b"" if item.answer is None else pickle.dumps(item.answer, protocol=5),
+                    ],
+                    client=pipe,
+                )
+            replies = iter(await pipe.execute()) if any(t is not None for t in tokens) else iter(())
+        written: list[bool] = []
+        for item, token in zip(items, tokens, strict=True):
+            ok = token is not None and bool(next(replies))
+            written.append(ok)
+            if ok and not item.ended:
+                self._held[item.key] = (token, item.state)  # type: ignore[assignment]
+            else:
+                self._held.pop(item.key, None)
+        return written
+
+    async def record_end(self, key: str, reason: str) -> bool:
+        held = self._held.get(key)
+        if held is None:
+            return False
+        written = await self._commit(
+            keys=[self.key(key)],
+            args=[
+                self.replica,
+                held[0],
+                self.lease_ms,
+                self.ttl_ms,
+                self.ended_ttl_ms,
+                reason,
+                "",
+                b"",
+                0,
+                b"",
+            ],
+        )
+        return bool(written)
+
+    async def release(self, keys: Sequence[str]) -> None:
+        held = [(key, self._held.pop(key)) for key in keys if key in self._held]
+        if not held:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, (token, _state) in held:
+                await self._release(keys=[self.key(key)], args=[self.replica, token], client=pipe)
+            await pipe.execute()
+
+    # ------------------------------------------------------------------ StateStore (what this replica holds)
+
+    async def load(self, keys: Sequence[str]) -> list[Any]:
+        return [held[1] if (held := self._held.get(key)) is not None else None for key in keys]
+
+    async def save(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Write states of held sequences (fenced), leaving their step counts as they are."""
+        for key, state in items:
+            held = self._held.get(key)
+            if held is None:
+                continue
+            written = await self._commit(
+                keys=[self.key(key)],
+                args=[
+                    self.replica,
+                    held[0],
+                    self.lease_ms,
+                    self.ttl_ms,
+                    self.ended_ttl_ms,
+                    "",
+                    "",
+                    pickle.dumps(state, protocol=5),
+                    0,
+                    b"",
+                ],
+            )
+            if written:
+                self._held[key] = (held[0], state)
+            else:
+                self._held.pop(key, None)
+        return []
+
+    async def pop(self, key: str) -> Any:
+        """Forget a sequence here (its record in Redis stays: ``record_end`` says how it ended)."""
+        held = self._held.pop(key, None)
+        return held[1] if held is not None else None
+
+    async def clear(self) -> list[tuple[str, Any]]:
+        """Release every lease this replica holds (the states stay for another replica)."""
+        items = [(key, state) for key, (_token, state) in self._held.items()]
+        await self.release(list(self._held))
+        return items
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,142 @@
+"""Real external processes for tests: redis-server and haproxy on 127.0.0.1, on free ports.
+
+Each is started by the test, waited for by polling (a PING, a TCP connect), and stopped by its PID.
+A test whose binary is missing skips, saying which binary and how to get it (``.ci/run`` installs
+both from Debian: ``apt-get install redis-server haproxy``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def binary(name: str) -> str:
+    """The path of ``name``, or skip the test saying it is missing."""
+    found = shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/usr/bin") / name) if p.exists()), None
+    )
+    if found is None:
+        pytest.skip(
+            f"{name} is not installed (apt-get install {'redis-server' if 'redis' in name else name})"
+        )
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the caller retries if another process takes it first)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _connects(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A private redis-server (no persistence); yields its URL, ``redis://127.0.0.1:<port>/0``."""
+    exe = binary("redis-server")
+    for _attempt in range(5):
+        port = free_port()
+        process = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while process.poll() is None and not _ping(port) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if process.poll() is None and _ping(port):
+            break
+        _stop(process)  # the port was taken meanwhile, or it did not start: another port
+    else:
+        raise RuntimeError("redis-server did not start")
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def haproxy(backends: dict[str, str], header: str = "ts_request_sequence_id") -> Iterator[str]:
+    """HAProxy hashing on ``header`` (consistent hashing) over ``backends`` (name -> host:port),
+    with health checks on /v2/health/ready; yields its URL. The config is the shipped one's shape
+    (deploy/haproxy/haproxy.cfg)."""
+    exe = binary("haproxy")
+    servers = "\n".join(
+        f"    server {name} {address} check inter 200ms fall 2 rise 1" for name, address in backends.items()
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        for _attempt in range(5):
+            port = free_port()
+            config = Path(folder) / "haproxy.cfg"
+            config.write_text(
+                f"""global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+    retries 2
+    option redispatch
+frontend replicas
+    bind 127.0.0.1:{port}
+    default_backend models
+backend models
+    balance hdr({header})
+    hash-type consistent
+    option httpchk GET /v2/health/ready
+    http-check expect status 200
+{servers}
+"""
+            )
+            process = subprocess.Popen(
+                [exe, "-f", str(config), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            deadline = time.monotonic() + 10
+            while process.poll() is None and not _connects(port) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if process.poll() is None and _connects(port):
+                break
+            _stop(process)
+        else:
+            raise RuntimeError("haproxy did not start")
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _stop(process)
