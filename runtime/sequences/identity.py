@@ -18,7 +18,7 @@ Transports translate their own ways of saying these (REST: the TorchServe header
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +177,37 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
             raise SequenceError(
                 f"The request's parameters say {name}={extra[name]!r} but its headers say {value!r}"
             )
+
+
+HEADERS = {
+    "ts_request_sequence_id": ID,
+    "ts_request_sequence_start": START,
+    "ts_request_sequence_end": END,
+    STEP: STEP,
+}
+"""Transport headers (HTTP headers, gRPC metadata; lower-case names) -> the sequence fields they set."""
+
+
+def apply_headers(request: InferenceRequest, headers: Iterable[tuple[str, str]]) -> None:
+    """Merge the sequence headers among ``headers`` (lower-case names) into the request's parameters."""
+    fields = {HEADERS[name]: value for name, value in headers if name in HEADERS}
+    if fields:
+        apply_transport_fields(request, fields)
+
+
+def response_headers(response: InferenceResponse) -> dict[str, str]:
+    """The headers (HTTP) / metadata (gRPC) that echo a sequence response's id, end and replica,
+    for routers in front of replicas and for clients that let the server make the id."""
+    extra = response.parameters.model_extra if response.parameters is not None else None
+    if not extra or ID not in extra:
+        return {}
+    headers = {"ts_request_sequence_id": str(extra[ID])}
+    if extra.get(END) is True:
+        headers["ts_request_sequence_end"] = "true"
+    replica = extra.get(REPLICA)
+    if replica is not None:
+        headers[REPLICA] = str(replica)
+    return headers
 
 
 def mark_response(
