@@ -55,6 +55,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def _ping(port: int) -> bool:
@@ -126,7 +129,7 @@ backend models
 """
             )
             process = subprocess.Popen(
-                [exe, "-f", str(config), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                [exe, "-f", str(config), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             deadline = time.monotonic() + 10
             while process.poll() is None and not _connects(port) and time.monotonic() < deadline:

@@ -80,6 +80,12 @@ class RunningSet(Generic[E]):
         self._wake = wake
         self._running: dict[Sequence, _Running] = {}
         self.engine = SequenceEngine(settings, model.sequence_ended, self, store)
+        if self.engine.shared is not None:
+            raise ValueError(
+                f"Model {settings.name!r}: a shared sequence_store ({settings.sequence_store!r}) serves "
+                "sequence batching; with continuous_batching the states stay in this process "
+                '(sequence_store: "memory")'
+            )
 
     # ------------------------------------------------------------------ SequenceStrategy
 

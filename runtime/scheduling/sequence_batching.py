@@ -112,6 +112,9 @@ class SequenceScheduler(Scheduler):
         if self.stateless is not None:
             await self.stateless.stop()
 
+    async def hand_over(self) -> None:
+        await self.engine.hand_over()
+
     # ------------------------------------------------------------------ requests
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:

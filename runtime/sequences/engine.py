@@ -415,6 +415,20 @@ class SequenceEngine:
         if shared is not None:
             await shared.record_end(key, reason)
 
+    async def hand_over(self) -> None:
+        """With a shared store, as the server drains: release the leases of the sequences that run
+        and wait for nothing here, so that another replica takes each over at its next step at once
+        (the others are released when they have run, at ``stop``)."""
+        shared = self.shared
+        if shared is None:
+            return
+        idle = [
+            key for key, seq in self.table.active.items() if not self.strategy.busy(seq) and not seq.queue
+        ]
+        if idle:
+            await shared.release(idle)
+            logger.info("Model %r handed %d sequence(s) over to other replicas", self.name, len(idle))
+
     async def stop(self) -> None:
         """End every open sequence (reason ``unload``) and empty the store; call once nothing runs.
 
