@@ -188,3 +188,18 @@ async def test_unloading_hands_sequences_over(redis_url: str) -> None:
             assert total(await step(on_b, 1, sequence_id="h")) == 5  # at once: no lease to wait for
     finally:
         await b.registry.unload_all()
+
+
+async def test_a_server_made_id_may_be_routed_anywhere_after_its_start(redis_url: str) -> None:
+    a, b = await _replicas(redis_url)
+    try:
+        async with a.client() as on_a, b.client() as on_b:
+            first = await step(on_a, 3, sequence_start=True)
+            made = first.headers["ts_request_sequence_id"]
+            assert made.startswith("seq-") and total(first) == 3
+            # the next request carries the id, so a proxy hashing on it may pick the other replica:
+            # the START freed its lease, so that replica goes on at once
+            assert total(await step(on_b, 4, headers={"ts_request_sequence_id": made})) == 7
+    finally:
+        await a.registry.unload_all()
+        await b.registry.unload_all()

@@ -335,6 +335,7 @@ class SequenceEngine:
                 batch[i].sequence.step,
                 batch[i].sequence.answer,
                 "end" if ends[i] else None,
+                release=batch[i].control.generated,
             )
             for i in good
         ]

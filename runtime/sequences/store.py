@@ -90,6 +90,9 @@ class Commit:
     """The step's answer, kept for a retry of it (None: not kept)."""
     ended: str | None = None
     """The reason the sequence ended with this step (None: it goes on)."""
+    release: bool = False
+    """Free the lease with the write: the next step may go to any replica (a START whose id the
+    server made: the client's next request, carrying the id, is routed by it, maybe elsewhere)."""
 
 
 class SharedStateStore(StateStore):
