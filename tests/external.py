@@ -7,11 +7,11 @@ both from Debian: ``apt-get install redis-server haproxy``).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,52 +94,33 @@ def redis_server() -> Iterator[str]:
         _stop(process)
 
 
+HAPROXY_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
+
+
 @contextmanager
-def haproxy(backends: dict[str, str], header: str = "ts_request_sequence_id") -> Iterator[str]:
-    """HAProxy hashing on ``header`` (consistent hashing) over ``backends`` (name -> host:port),
-    with health checks on /v2/health/ready; yields its URL. The config is the shipped one's shape
-    (deploy/haproxy/haproxy.cfg)."""
+def haproxy(replicas: list[str]) -> Iterator[str]:
+    """HAProxy with the shipped config (deploy/haproxy/haproxy.cfg: hashing on the sequence id
+    header, consistent, health checks on readiness) over two replicas (host:port); yields its URL."""
     exe = binary("haproxy")
-    servers = "\n".join(
-        f"    server {name} {address} check inter 200ms fall 2 rise 1" for name, address in backends.items()
-    )
-    with tempfile.TemporaryDirectory() as folder:
-        for _attempt in range(5):
-            port = free_port()
-            config = Path(folder) / "haproxy.cfg"
-            config.write_text(
-                f"""global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 30s
-    timeout server 30s
-    retries 2
-    option redispatch
-frontend replicas
-    bind 127.0.0.1:{port}
-    default_backend models
-backend models
-    balance hdr({header})
-    hash-type consistent
-    option httpchk GET /v2/health/ready
-    http-check expect status 200
-{servers}
-"""
-            )
-            process = subprocess.Popen(
-                [exe, "-f", str(config), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            deadline = time.monotonic() + 10
-            while process.poll() is None and not _connects(port) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if process.poll() is None and _connects(port):
-                break
-            _stop(process)
-        else:
-            raise RuntimeError("haproxy did not start")
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            _stop(process)
+    assert len(replicas) == 2, "the shipped config names two replicas"
+    for _attempt in range(5):
+        port = free_port()
+        env = {"BIND": f"127.0.0.1:{port}", "REPLICA_0": replicas[0], "REPLICA_1": replicas[1]}
+        process = subprocess.Popen(
+            [exe, "-f", str(HAPROXY_CONFIG), "-db"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
+        )
+        deadline = time.monotonic() + 10
+        while process.poll() is None and not _connects(port) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if process.poll() is None and _connects(port):
+            break
+        _stop(process)
+    else:
+        raise RuntimeError("haproxy did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(process)

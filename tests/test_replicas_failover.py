@@ -1,5 +1,5 @@
 """Sequences survive the loss of a replica, with real processes: redis-server, two server replicas
-sharing it (``MLSERVER_MODEL_SEQUENCE_STORE``), and HAProxy hashing on ``ts_request_sequence_id``.
+sharing it (``MLSERVER_MODEL_SEQUENCE_STORE``), and HAProxy hashing on ``ts_request_sequence_id`` (the shipped deploy/haproxy/haproxy.cfg).
 
 64 counter sequences of 20 numbered steps each (``sequence_step``) run through HAProxy while one
 replica is killed with SIGKILL and later started again; the client retries a step whose answer did
@@ -11,8 +11,12 @@ must finish with the right running sum. A drain test checks the hand-over on SIG
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +24,7 @@ import pytest
 
 from .conftest import TEST_MODELS
 from .external import free_port, haproxy, redis_server
-from .servers import RunningServer, start_server
+from .servers import ROOT, RunningServer, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -110,7 +114,7 @@ async def test_sequences_survive_a_replica_killed_and_restarted(
     ports = {"a": free_port(), "b": free_port()}
     servers = {name: replica(redis_url, port) for name, port in ports.items()}
     try:
-        with haproxy({name: f"127.0.0.1:{port}" for name, port in ports.items()}) as proxy:
+        with haproxy([f"127.0.0.1:{port}" for port in ports.values()]) as proxy:
             run = Run()
             killed, back = run.at(SEQUENCES * STEPS // 4), run.at(SEQUENCES * STEPS // 2)
 
@@ -175,3 +179,23 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
     finally:
         a.stop(signal.SIGKILL)
         b.stop()
+
+
+def test_the_shipped_proxy_configs_are_valid() -> None:
+    """haproxy -c on the shipped config; nginx -t on the nginx one (skipped where nginx is absent)."""
+    from .external import HAPROXY_CONFIG, binary
+
+    checked = subprocess.run(
+        [binary("haproxy"), "-c", "-f", str(HAPROXY_CONFIG)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (apt-get install nginx): deploy/nginx/nginx.conf not checked")
+    with tempfile.TemporaryDirectory() as prefix:
+        checked = subprocess.run(
+            [nginx, "-t", "-p", prefix, "-c", str(ROOT / "deploy" / "nginx" / "nginx.conf")],
+            capture_output=True,
+            text=True,
+        )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
