@@ -95,9 +95,11 @@ async def test_a_stale_owner_cannot_write(stores: list[RedisStateStore]) -> None
     (claim,) = await a.claim([("k", True, 1)])
     assert claim.kind == "ok" and claim.state is None and claim.done == 0
     assert await a.commit([Commit("k", {"sum": 1}, 1, "answer 1")]) == [True]
+    assert a.holding("k") == (True, {"sum": 1})  # its lease is fresh: its next step needs no claim
     (busy,) = await b.claim([("k", False, 2)])
     assert busy.kind == "busy" and 0 < busy.retry_ms <= 200
     assert await _claimed(b, "k", step=2) == "ok"  # a's lease expired: b takes over
+    assert a.holding("k") == (False, None)  # a counts on its lease no longer
     assert await a.commit([Commit("k", {"sum": 99}, 2, None)]) == [False]  # a is stale now
     assert not await a.record_end("k", "idle")
     assert await b.load(["k"]) == [{"sum": 1}]

@@ -23,7 +23,8 @@ applies nothing, and a step that is not the next one is refused (409, ``Sequence
 the expected number). With a shared store (``SharedStateStore``, e.g. Redis), ``prepare`` claims
 each sequence of the batch in the store (one replica at a time holds a sequence: a lease with a
 fencing token; a sequence held by another replica gets 503 and ``Retry-After``) and loads its
-state, step count and last answer from there; ``commit`` writes them back with one fenced write,
+state, step count and last answer from there, unless this replica holds it under a lease that
+cannot have expired yet (then nobody else can have written it); ``commit`` writes them back with one fenced write,
 which fails if another replica took the sequence over meanwhile (the step's answer is then 503).
 
 The engine owns the sequences' counters (``stats``: open, queued, states held, ended by reason,
@@ -223,13 +224,23 @@ class SequenceEngine:
             loaded = iter(await self.store.load(keys)) if keys else iter(())
             return [(p, None if p.control.start else next(loaded)) for p, _ in runs]
 
-        previous: dict[str, Any] = {}
-        for pending in batch:
-            if pending.control.start and pending.sequence.live:
-                previous[pending.control.key] = await self.store.pop(pending.control.key)
-        claims = await shared.claim([(p.control.key, p.control.start, p.control.step) for p in batch])
         runs = []
-        for pending, claim in zip(batch, claims, strict=True):
+        previous: dict[str, Any] = {}
+        claiming: list[Pending] = []
+        for pending in batch:
+            seq, control = pending.sequence, pending.control
+            if control.start:
+                if seq.live:
+                    previous[control.key] = await self.store.pop(control.key)
+            elif seq.live:
+                fresh, state = shared.holding(control.key)
+                if fresh:  # held here under a live lease: the state here is the stored one
+                    if not self._answered_from_steps(pending, seq.step, seq.answer):
+                        runs.append((pending, state))
+                    continue
+            claiming.append(pending)
+        claims = await shared.claim([(p.control.key, p.control.start, p.control.step) for p in claiming])
+        for pending, claim in zip(claiming, claims, strict=True):
             seq, control = pending.sequence, pending.control
             if claim.kind == "ok":
                 seq.step = claim.done

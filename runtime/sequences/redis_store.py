@@ -26,6 +26,7 @@ import io
 import os
 import pickle
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,6 +125,9 @@ end
 return out
 """
 
+LEASE_MARGIN = 0.8
+"""Share of the lease this replica counts on: past it, a step claims the sequence again."""
+
 ENDED_TTL_MS = 3_600_000
 """How long an ended sequence is remembered when the idle timeout is off."""
 
@@ -190,6 +194,19 @@ class RedisStateStore(SharedStateStore):
         self._release = self.client.register_script(_RELEASE)
         self._held: dict[str, tuple[int, Any]] = {}
         """The sequences this replica holds: key -> (fencing token, last state)."""
+        self._fresh: dict[str, float] = {}
+        """Key -> (monotonic) time before which this replica's lease cannot have expired."""
+
+    def _renewed(self, key: str, sent: float) -> None:
+        # Redis set the lease after ``sent``; a margin covers clocks that run at other rates
+        self._fresh[key] = sent + self.lease_ms * LEASE_MARGIN / 1000
+
+    def holding(self, key: str) -> tuple[bool, Any]:
+        held = self._held.get(key)
+        deadline = self._fresh.get(key)
+        if held is None or deadline is None or time.monotonic() >= deadline:
+            return False, None
+        return True, held[1]
 
     def key(self, key: str) -> str:
         return self.prefix + key
@@ -200,6 +217,7 @@ class RedisStateStore(SharedStateStore):
         args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms]
         for _key, start, step in items:
             args += (int(start), step or 0)
+        sent = time.monotonic()
         replies = await self._claim(keys=[self.key(key) for key, _, _ in items], args=args)
         claims: list[Claim] = []
         for (key, _start, _step), reply in zip(items, replies, strict=True):
@@ -207,6 +225,7 @@ class RedisStateStore(SharedStateStore):
             if kind == "ok":
                 state = pickle.loads(reply[2]) if reply[2] else None
                 self._held[key] = (int(reply[1]), state)
+                self._renewed(key, sent)
                 claims.append(Claim("ok", state=state, done=int(reply[3])))
             elif kind == "replay":
                 claims.append(Claim("replay", answer=pickle.loads(reply[1])))
@@ -215,12 +234,17 @@ class RedisStateStore(SharedStateStore):
             elif kind == "busy":
                 claims.append(Claim("busy", retry_ms=int(reply[1])))
             elif kind == "ended":
-                self._held.pop(key, None)
+                self._forget(key)
                 claims.append(Claim("ended", reason=_text(reply[1]), done=int(reply[2])))
             else:
-                self._held.pop(key, None)
+                self._forget(key)
                 claims.append(Claim("none"))
         return claims
+
+    def _forget(self, key: str) -> Any:
+        self._fresh.pop(key, None)
+        held = self._held.pop(key, None)
+        return held[1] if held is not None else None
 
     async def _write(self, writes: list[tuple[str, int, list[Any]]]) -> list[bool]:
         """One fenced write per (key, token, [ended, step, state, has answer, answer, release])."""
@@ -247,6 +271,7 @@ class RedisStateStore(SharedStateStore):
                 int(item.release),
             ]
             writes.append((item.key, held[0], values))
+        sent = time.monotonic()
         outcome = dict(zip((key for key, _, _ in writes), await self._write(writes), strict=True))
         written: list[bool] = []
         for item in items:
@@ -254,8 +279,12 @@ class RedisStateStore(SharedStateStore):
             written.append(ok)
             if ok and not item.ended:
                 self._held[item.key] = (self._held[item.key][0], item.state)
+                if item.release:
+                    self._fresh.pop(item.key, None)
+                else:
+                    self._renewed(item.key, sent)
             else:
-                self._held.pop(item.key, None)
+                self._forget(item.key)
         return written
 
     async def record_end(self, key: str, reason: str) -> bool:
@@ -266,7 +295,9 @@ class RedisStateStore(SharedStateStore):
         return written
 
     async def release(self, keys: Sequence[str]) -> None:
-        held = [(key, self._held.pop(key)) for key in keys if key in self._held]
+        held = [(key, self._held[key]) for key in keys if key in self._held]
+        for key, _held in held:
+            self._forget(key)
         if held:
             await self._release(
                 keys=[self.key(key) for key, _ in held],
@@ -286,17 +317,18 @@ class RedisStateStore(SharedStateStore):
             for key, state in states.items()
             if key in self._held
         ]
+        sent = time.monotonic()
         for (key, token, _values), ok in zip(writes, await self._write(writes), strict=True):
             if ok:
                 self._held[key] = (token, states[key])
+                self._renewed(key, sent)
             else:
-                self._held.pop(key, None)
+                self._forget(key)
         return []
 
     async def pop(self, key: str) -> Any:
         """Forget a sequence here (its record in Redis stays: ``record_end`` says how it ended)."""
-        held = self._held.pop(key, None)
-        return held[1] if held is not None else None
+        return self._forget(key)
 
     async def clear(self) -> list[tuple[str, Any]]:
         """Release every lease this replica holds (the states stay for another replica)."""

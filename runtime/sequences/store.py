@@ -106,6 +106,12 @@ class SharedStateStore(StateStore):
     """This replica's identity, the owner named in its leases (told to clients with each answer)."""
 
     @abc.abstractmethod
+    def holding(self, key: str) -> tuple[bool, Any]:
+        """(True, state) when this replica holds the sequence under a lease that cannot have expired
+        yet: no other replica can have written it, so its next step needs no claim (its write is
+        fenced all the same). (False, None) otherwise."""
+
+    @abc.abstractmethod
     async def claim(self, items: Sequence[tuple[str, bool, int | None]]) -> list[Claim]:
         """Claim each (key, start, step) for one step (``step``: the client's ``sequence_step``, or None)."""
 
