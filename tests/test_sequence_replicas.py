@@ -205,3 +205,18 @@ async def test_a_server_made_id_may_be_routed_anywhere_after_its_start(redis_url
     finally:
         await a.registry.unload_all()
         await b.registry.unload_all()
+
+
+async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
+    from .external import free_port
+
+    server = InProcess()
+    await serve(server, sequence_store=f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        async with server.client() as client:
+            for _ in range(2):
+                down = await step(client, 1, sequence_id="r", sequence_start=True)
+                assert down.status_code == 503 and "state store is unreachable" in down.json()["error"]
+                assert down.headers["retry-after"] == "1"
+    finally:
+        await server.registry.unload_all()

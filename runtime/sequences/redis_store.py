@@ -23,6 +23,7 @@ write to it can run code in the replicas), as a model repository is.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import socket
@@ -30,8 +31,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import Unavailable
 from ..ids import new_secret_id
 from .store import Claim, Commit, SharedStateStore
+
+logger = logging.getLogger(__name__)
 
 _NOW = """
 local t = redis.call('TIME')
@@ -180,6 +184,7 @@ class RedisStateStore(SharedStateStore):
         replica: str | None = None,
     ) -> None:
         import redis.asyncio as aioredis  # an optional dependency: pip install 'mlserver-like[redis]'
+        from redis.exceptions import RedisError
 
         self.url = url
         self.capacity = capacity
@@ -189,6 +194,7 @@ class RedisStateStore(SharedStateStore):
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{new_secret_id()[:8]}"
         self.prefix = f"mlserver:seq:{model}:{version or ''}:"
         self.client = aioredis.Redis.from_url(url)
+        self._redis_error = RedisError
         self._claim = self.client.register_script(_CLAIM)
         self._commit = self.client.register_script(_COMMIT)
         self._release = self.client.register_script(_RELEASE)
@@ -218,7 +224,7 @@ class RedisStateStore(SharedStateStore):
         for _key, start, step in items:
             args += (int(start), step or 0)
         sent = time.monotonic()
-        replies = await self._claim(keys=[self.key(key) for key, _, _ in items], args=args)
+        replies = await self._run(self._claim, [self.key(key) for key, _, _ in items], args)
         claims: list[Claim] = []
         for (key, _start, _step), reply in zip(items, replies, strict=True):
             kind = _text(reply[0])
@@ -241,6 +247,15 @@ class RedisStateStore(SharedStateStore):
                 claims.append(Claim("none"))
         return claims
 
+    async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Call a script; Redis out of reach is a "try again later" (503), not a server fault."""
+        try:
+            return await script(keys=keys, args=args)
+        except (self._redis_error, OSError) as exc:
+            raise Unavailable(
+                f"The sequence state store is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+
     def _forget(self, key: str) -> Any:
         self._fresh.pop(key, None)
         held = self._held.pop(key, None)
@@ -253,7 +268,7 @@ class RedisStateStore(SharedStateStore):
         args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms, self.ended_ttl_ms]
         for _key, token, values in writes:
             args += (token, *values)
-        replies = await self._commit(keys=[self.key(key) for key, _, _ in writes], args=args)
+        replies = await self._run(self._commit, [self.key(key) for key, _, _ in writes], args)
         return [bool(reply) for reply in replies]
 
     async def commit(self, items: Sequence[Commit]) -> list[bool]:
@@ -288,21 +303,32 @@ class RedisStateStore(SharedStateStore):
         return written
 
     async def record_end(self, key: str, reason: str) -> bool:
+        """Record an ending (best effort: with Redis out of reach the record expires with its TTL)."""
         held = self._held.get(key)
         if held is None:
             return False
-        (written,) = await self._write([(key, held[0], [reason, "", b"", 0, b"", 0])])
+        try:
+            (written,) = await self._write([(key, held[0], [reason, "", b"", 0, b"", 0])])
+        except Unavailable as exc:
+            logger.warning("Could not record that sequence %r ended (%s): %s", key, reason, exc)
+            return False
         return written
 
     async def release(self, keys: Sequence[str]) -> None:
+        """Release leases (best effort: with Redis out of reach they expire by themselves)."""
         held = [(key, self._held[key]) for key in keys if key in self._held]
         for key, _held in held:
             self._forget(key)
-        if held:
-            await self._release(
-                keys=[self.key(key) for key, _ in held],
-                args=[self.replica, *(token for _, (token, _s) in held)],
+        if not held:
+            return
+        try:
+            await self._run(
+                self._release,
+                [self.key(key) for key, _ in held],
+                [self.replica, *(token for _, (token, _s) in held)],
             )
+        except Unavailable as exc:
+            logger.warning("Could not release %d sequence lease(s): %s", len(held), exc)
 
     # ------------------------------------------------------------------ StateStore (what this replica holds)
 
