@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,3 +125,44 @@ def haproxy(replicas: list[str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(process)
+
+
+NGINX_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "nginx.conf"
+
+
+@contextmanager
+def nginx(replicas: list[str]) -> Iterator[str]:
+    """nginx with the shipped config (deploy/nginx/nginx.conf: consistent hash on the sequence id
+    header), its example addresses replaced by free ports and the two replicas (host:port); yields
+    its URL."""
+    exe = binary("nginx")
+    assert len(replicas) == 2, "the shipped config names two replicas"
+    shipped = NGINX_CONFIG.read_text()
+    with tempfile.TemporaryDirectory() as prefix:
+        for _attempt in range(5):
+            port, grpc_port = free_port(), free_port()
+            config = (
+                shipped.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+                .replace("127.0.0.1:8081", replicas[0])
+                .replace("127.0.0.1:8082", replicas[1])
+                .replace("127.0.0.1:8090", f"127.0.0.1:{grpc_port}")
+            )
+            path = Path(prefix) / "nginx.conf"
+            path.write_text(config)
+            process = subprocess.Popen(
+                [exe, "-p", prefix, "-c", str(path), "-e", "stderr", "-g", "daemon off;"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 10
+            while process.poll() is None and not _connects(port) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if process.poll() is None and _connects(port):
+                break
+            _stop(process)
+        else:
+            raise RuntimeError("nginx did not start")
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _stop(process)

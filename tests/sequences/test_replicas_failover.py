@@ -1,7 +1,8 @@
 """Sequences survive the loss of a replica, with real processes: redis-server, two server replicas
-sharing it (``MLSERVER_MODEL_SEQUENCE_STORE``), and HAProxy hashing on ``ts_request_sequence_id`` (the shipped deploy/haproxy/haproxy.cfg).
+sharing it (``MLSERVER_MODEL_SEQUENCE_STORE``), and a proxy hashing on ``ts_request_sequence_id``:
+HAProxy and nginx, each with its shipped config (deploy/haproxy, deploy/nginx).
 
-64 counter sequences of 20 numbered steps each (``sequence_step``) run through HAProxy while one
+64 counter sequences of 20 numbered steps each (``sequence_step``) run through the proxy while one
 replica is killed with SIGKILL and later started again; the client retries a step whose answer did
 not come (a dropped connection, 502/503/504), honouring ``Retry-After``. Every answer's history
 shows the inputs applied so far, so a step applied twice (or lost) would show; every sequence
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from ..conftest import TEST_MODELS
-from ..external import free_port, haproxy, redis_server
+from ..external import free_port, haproxy, nginx, redis_server
 from ..servers import ROOT, RunningServer, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -108,13 +109,15 @@ async def counter(client: httpx.AsyncClient, run: Run, index: int) -> int:
     return final
 
 
+@pytest.mark.parametrize("proxy_kind", ["haproxy", "nginx"])
 async def test_sequences_survive_a_replica_killed_and_restarted(
-    redis_url: str, record_property: Any, capsys: pytest.CaptureFixture[str]
+    redis_url: str, proxy_kind: str, record_property: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    front = {"haproxy": haproxy, "nginx": nginx}[proxy_kind]
     ports = {"a": free_port(), "b": free_port()}
     servers = {name: replica(redis_url, port) for name, port in ports.items()}
     try:
-        with haproxy([f"127.0.0.1:{port}" for port in ports.values()]) as proxy:
+        with front([f"127.0.0.1:{port}" for port in ports.values()]) as proxy:
             run = Run()
             killed, back = run.at(SEQUENCES * STEPS // 4), run.at(SEQUENCES * STEPS // 2)
 
@@ -137,7 +140,7 @@ async def test_sequences_survive_a_replica_killed_and_restarted(
             record_property("retried_steps", run.retried)
             with capsys.disabled():
                 print(
-                    f"\n{SEQUENCES} sequences x {STEPS} steps through HAProxy, one replica killed and "
+                    f"\n{SEQUENCES} sequences x {STEPS} steps through {proxy_kind}, one replica killed and "
                     f"restarted: {run.retried} step attempts retried, every step applied once"
                 )
     finally:
