@@ -220,3 +220,19 @@ async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
                 assert down.headers["retry-after"] == "1"
     finally:
         await server.registry.unload_all()
+
+
+async def test_continuous_batching_refuses_a_shared_store(inprocess: InProcess) -> None:
+    from runtime.settings import ModelSettings
+
+    await inprocess.load(
+        ModelSettings(
+            name="ticks",
+            implementation="tests.continuous_models.SequenceTicker",
+            continuous_batching=True,
+            sequence_batching=True,
+            sequence_store="redis://127.0.0.1:1/0",
+        )
+    )
+    entry = inprocess.registry.find("ticks")
+    assert not entry.ready and "shared sequence_store serves sequence batching" in entry.reason
