@@ -239,6 +239,8 @@ class SequenceEngine:
                         runs.append((pending, state))
                     continue
             claiming.append(pending)
+        if not claiming:
+            return runs
         claims = await shared.claim([(p.control.key, p.control.start, p.control.step) for p in claiming])
         for pending, claim in zip(claiming, claims, strict=True):
             seq, control = pending.sequence, pending.control

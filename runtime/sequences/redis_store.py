@@ -220,6 +220,8 @@ class RedisStateStore(SharedStateStore):
     # ------------------------------------------------------------------ the step protocol
 
     async def claim(self, items: Sequence[tuple[str, bool, int | None]]) -> list[Claim]:
+        if not items:
+            return []
         args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms]
         for _key, start, step in items:
             args += (int(start), step or 0)

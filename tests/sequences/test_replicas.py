@@ -236,3 +236,26 @@ async def test_continuous_batching_refuses_a_shared_store(inprocess: InProcess) 
     )
     entry = inprocess.registry.find("ticks")
     assert not entry.ready and "shared sequence_store serves sequence batching" in entry.reason
+
+
+async def test_a_step_of_a_sequence_held_here_is_one_round_trip(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    server = InProcess()
+    await serve(server, sequence_store=redis_url, sequence_lease_ms=60000)
+    probe = aioredis.Redis.from_url(redis_url)
+    try:
+        async with server.client() as client:
+            assert (
+                total(await step(client, 1, sequence_id="warm", sequence_start=True)) == 1
+            )  # scripts loaded
+            await probe.config_resetstat()
+            assert total(await step(client, 1, sequence_id="one-trip", sequence_start=True)) == 1
+            for n in range(2, 11):
+                assert total(await step(client, 1, sequence_id="one-trip", sequence_step=n)) == n
+        stats = await probe.info("commandstats")
+        # the START: a claim and a write; then each step: its fenced write alone
+        assert stats["cmdstat_evalsha"]["calls"] == 2 + 9
+    finally:
+        await probe.aclose()
+        await server.registry.unload_all()
