@@ -94,6 +94,7 @@ class InferenceServicer:
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         name, version = request.model_name, request.model_version or None
+        self.dataplane.turns.grpc_call()
         self.dataplane.check_model(name, version)
         inference = request_from_proto(request)
         apply_headers(inference, _metadata(context))
