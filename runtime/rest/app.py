@@ -182,6 +182,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
+    from ..kserve.v1 import KServeV1  # front ends that build on this module's helpers
+    from ..torchserve.rest import TorchServeRest
     from .streams import StreamingApi  # it builds on RestApi, so it is imported here, not at the top
 
     api = RestApi(dataplane)
@@ -189,6 +191,8 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         routes=api.routes()
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
+        + TorchServeRest(dataplane).routes()
+        + KServeV1(dataplane).routes()
         + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,
