@@ -6,6 +6,7 @@ its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/erro
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
     │   ├── SequenceError     unknown, ended or malformed sequence                  400 / INVALID_ARGUMENT
+    │   │   └── SequenceNotOpen   an id never seen (or forgotten) without START
     │   └── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
     ├── ModelNotFound         no model (or version) of that name                    404 / NOT_FOUND
     ├── Unavailable           the server cannot take this work now                  503 / UNAVAILABLE
@@ -40,6 +41,12 @@ class InvalidInput(ServerError):
 
 class SequenceError(InvalidInput):
     """A sequence request names an unknown or ended sequence, or has malformed sequence parameters."""
+
+
+class SequenceNotOpen(SequenceError):
+    """A request without START names a sequence that is not open and did not end recently.
+
+    TorchServe's front ends open such a sequence (TorchServe does); the others report it."""
 
 
 class PayloadTooLarge(InvalidInput):
@@ -96,6 +103,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueTimeout",
     "SequenceError",
+    "SequenceNotOpen",
     "ServerError",
     "ShuttingDown",
     "Unavailable",

@@ -33,6 +33,7 @@ from .payload import Answer, Row
 logger = logging.getLogger(__name__)
 
 ChunkSink = Callable[[list[Answer]], None]
+_SEQUENCE_PREFIX = "ts_request_sequence_"
 
 
 class HandlerFailed(ModelFailed):
@@ -190,7 +191,8 @@ class HandlerRunner:
         batch = []
         for i, row in enumerate(rows):
             headers = dict(row.headers)
-            if extra_headers is not None:
+            if extra_headers is not None:  # the sequence engine's word replaces the client's
+                headers = {k: v for k, v in headers.items() if not k.lower().startswith(_SEQUENCE_PREFIX)}
                 headers.update(extra_headers[i])
             batch.append(
                 {

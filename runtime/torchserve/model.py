@@ -191,8 +191,12 @@ class HandlerContinuousModel(_HandlerMixin, ContinuousModel):
 
     def step(self, streams: list[Stream]) -> list[StepResult]:
         rows: list[Row] = [stream.state for stream in streams]
+        # the start header marks a request's first step only: a request that streams on is not
+        # the start of its sequence again at every step
         extra = [
-            _sequence_headers(s.sequence.id, s.sequence.start) if s.sequence is not None else {}
+            _sequence_headers(s.sequence.id, s.sequence.start and s.steps == 0)
+            if s.sequence is not None
+            else {}
             for s in streams
         ]
         chunks: dict[int, list[Answer]] = {}

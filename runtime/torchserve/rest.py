@@ -16,7 +16,7 @@ import email.parser
 import email.policy
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import parse_qsl
@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from ..dataplane import DataPlane
-from ..errors import ServerError
+from ..errors import SequenceNotOpen, ServerError
 from ..ids import new_id
 from ..rest.app import _Asgi, read_body
 from ..rest.sequence import HEADER_ID, read_sequence_headers, sequence_headers
@@ -138,11 +138,36 @@ class TorchServeRest:
     async def answer(
         self, request: InferenceRequest, name: str, version: str | None
     ) -> AsyncIterator[tuple[Answer, InferenceResponse]]:
-        """The answers to one request: one, or several for a streamed answer."""
+        """The answers to one request: one, or several for a streamed answer.
+
+        As in TorchServe, an id the server has not seen opens a sequence: a request that the core
+        refuses as not open (``SequenceNotOpen``, before anything ran) is sent again with START.
+        A sequence that ended is still refused.
+        """
+        answers = self._answer(request, name, version)
+        try:
+            first = await anext(answers)
+        except SequenceNotOpen:
+            await answers.aclose()
+            apply_transport_fields(request, {START: True})
+            answers = self._answer(request, name, version)
+            first = await anext(answers)
+        async with aclosing(answers):
+            yield first
+            async for item in answers:
+                yield item
+
+    async def _answer(
+        self, request: InferenceRequest, name: str, version: str | None
+    ) -> AsyncGenerator[tuple[Answer, InferenceResponse], None]:
         settings = self.dataplane.registry.get(name, version).settings
-        batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
-        if (settings.sequence_batching and not settings.continuous_batching) or batched:
-            # merged with others by the scheduler; intermediate answers need batchSize 1
+        if settings.continuous_batching:
+            streamed = True
+        else:  # merged with others by the scheduler: intermediate answers need batchSize 1
+            streamed = not settings.sequence_batching and not (
+                settings.max_batch_size > 1 and settings.max_batch_time > 0
+            )
+        if not streamed:
             response = await self.dataplane.infer(request, name, version)
             yield read_answers(response)[0], response
             return

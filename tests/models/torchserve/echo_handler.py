@@ -1,14 +1,15 @@
 """A TorchServe function handler: answers each request with what it got, as JSON."""
 
 import json
+from typing import Any
 
 
-def handle(data, context):
+def handle(data: list[dict[str, Any]] | None, context: Any) -> list[str] | None:
     if data is None:  # TorchServe calls handle(None, ctx) once at load
         return None
     answers = []
     for idx, row in enumerate(data):
-        seen = {}
+        seen: dict[str, Any] = {}
         for key, value in row.items():
             if isinstance(value, (bytes, bytearray)):
                 seen[key] = {"bytes": value.decode("utf-8", "replace")}

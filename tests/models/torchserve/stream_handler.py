@@ -1,16 +1,18 @@
 """A TorchServe class handler that streams: three intermediate answers, then the last one."""
 
+from typing import Any
+
 from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 from ts.utils.util import PredictionException
 
 
-class StreamHandler(BaseHandler):
-    def initialize(self, context):
+class StreamHandler(BaseHandler):  # type: ignore[misc]
+    def initialize(self, context: Any) -> None:
         self.context = context
         self.initialized = True
 
-    def handle(self, data, context):
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
         text = data[0].get("body") or data[0].get("data")
         if isinstance(text, (bytes, bytearray)):
             text = text.decode()
