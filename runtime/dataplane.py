@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -22,13 +22,12 @@ from .generate import (
     to_inference_request,
     wants_details,
 )
-from .ids import new_id
 from .model_config import model_config
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
-from .routing import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
 from .settings import ModelSettings, Settings
-from .streaming import StreamCounter, StreamError, StreamSession, sort_error
+from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
+from .streams.pipeline import StreamCounter, StreamError, StreamSession, assign_id, sort_error
 from .tensors import dtype_of, element_count, input_array, output_array
 from .types import (
     InferenceRequest,
@@ -134,7 +133,7 @@ class DataPlane:
         Nothing runs until the first response is asked for; the model and the first request are
         checked then, so a transport can report those errors before it starts its own stream.
         Responses are pulled from the model only as fast as they are asked for; closing this
-        iterator (or cancelling its task) closes the model's generator. See ``runtime.streaming``.
+        iterator (or cancelling its task) closes the model's generator. See ``runtime.streams.pipeline``.
         """
         async with aclosing(self._stream(requests, name, version, in_band=False)) as items:
             async for item in items:
@@ -158,7 +157,7 @@ class DataPlane:
         """Serve a client stream whose requests each name their model, MLServer's way.
 
         Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
-        and the stream goes on. See ``runtime.routing`` (gRPC ModelStreamInfer, default format).
+        and the stream goes on. See ``runtime.streams.client_streams`` (gRPC ModelStreamInfer, default format).
         """
         return in_sessions(self, items)
 
@@ -168,36 +167,35 @@ class DataPlane:
         """Serve a client stream whose requests each name their model, Triton's way.
 
         Every request is a stream of its own, at most ``limit`` at a time; each ends with one
-        ``last`` reply. See ``runtime.routing`` (gRPC ModelStreamInfer, Triton format).
+        ``last`` reply. See ``runtime.streams.client_streams`` (gRPC ModelStreamInfer, Triton format).
         """
         return each(self, items, limit)
 
     # ------------------------------------------------------------------ generate extension
 
-    async def generate(
+    def generate_request(
         self, body: GenerateRequest, name: str, version: str | None = None
-    ) -> GenerateResponse:
-        """Serve a generate request (text in, text out) with the model's ``predict``."""
-        settings = self._entry(name, version).settings
-        response = await self.infer(to_inference_request(body, settings), name, version)
-        return to_generate_response(response, settings, wants_details(body))
-
-    async def generate_stream(
-        self, body: GenerateRequest, name: str, version: str | None = None
-    ) -> AsyncGenerator[GenerateResponse, None]:
-        """Serve a generate request with the model's ``predict_stream``: one answer per response."""
+    ) -> tuple[InferenceRequest, Callable[[InferenceResponse], GenerateResponse]]:
+        """The inference request a generate request stands for, and what turns each of its
+        responses into a generate answer. The request is served like any other (``infer`` or
+        ``infer_stream``), so generate and infer share one path: sequences, cancellation, errors."""
         settings = self._entry(name, version).settings
         details = wants_details(body)
         request = to_inference_request(body, settings)
-        async with aclosing(self.infer_stream(_one(request), name, version)) as responses:
-            async for response in responses:
-                yield to_generate_response(response, settings, details)
+        return request, lambda response: to_generate_response(response, settings, details)
 
     async def _stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
     ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
         entry = self._entry(name, version)
-        session = StreamSession(entry, requests, prepare_request, finish_response)
+        assert entry.scheduler is not None
+        session = StreamSession(
+            entry.name,
+            entry.scheduler.stream,
+            requests,
+            lambda request: prepare_request(request, entry),
+            lambda response, request: finish_response(response, request, entry),
+        )
         self.streams.opened()
         try:
             async with aclosing(session.run(in_band)) as items:
@@ -246,10 +244,6 @@ class DataPlane:
             return await asyncio.to_thread(settings_in_repository, root, name)
         except RepositoryError as exc:
             raise ModelFailed(f"Cannot read the model repository: {exc}") from exc
-
-
-async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
-    yield request
 
 
 # ---------------------------------------------------------------------- request and response checks
@@ -332,7 +326,7 @@ def finish_response(
         if request.id is not None:
             response.id = request.id
         elif response.id is None:
-            response.id = new_id()
+            response.id = assign_id(request)
     for out in response.outputs:
         out.data = output_array(out)
     if request is not None and request.outputs:

@@ -21,7 +21,7 @@ from .dataplane import DataPlane
 from .grpc import GrpcServer
 from .registry import Registry
 from .repository import read_repository
-from .rest.app import create_app
+from .rest import create_app
 from .settings import ModelSettings, Settings
 
 logger = logging.getLogger("runtime.server")
@@ -119,6 +119,7 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
         self.dataplane.draining = True
+        self.dataplane.streams.cut_after(self.settings.shutdown_grace_period)  # streams end in band
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
             draining.append(self._grpc.stop(self.settings.shutdown_grace_period))

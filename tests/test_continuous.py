@@ -11,7 +11,7 @@ import pytest
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
 from runtime.scheduling.callers import STREAM_BUFFER
 from runtime.settings import ModelSettings
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest
 
 from .conftest import InProcess

@@ -18,9 +18,9 @@ import pytest
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.routing import EACH_BUFFER
 from runtime.server import Server
 from runtime.settings import ModelSettings
+from runtime.streams.client_streams import EACH_BUFFER
 
 from .grpc_support import inference_stub, raw_request
 from .servers import RunningServer, serving

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput
 
 from .conftest import InProcess

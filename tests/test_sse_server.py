@@ -173,26 +173,53 @@ async def test_a_slow_reader_holds_the_model_back() -> None:
         assert model.cancelled == 1
 
 
-async def test_streams_still_open_at_shutdown_close_before_their_model_unloads() -> None:
-    """Race: the server stops while a stream runs; after the grace period the stream is cut, and
-    the model's generator is closed before the model is unloaded."""
+async def test_streams_still_open_at_shutdown_end_with_an_error_event_before_their_model_unloads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Race: the server stops while a stream runs; when the grace period ends the stream ends with
+    an ``event: error`` saying the server shuts down (not cut mid-air), the model's generator is
+    closed before the model is unloaded, and the log says so in one line, without a traceback."""
     async with serving(ModelSettings(name="endless", implementation=Endless), grace=1) as server:
         model = endless_model(server)
         url = f"http://127.0.0.1:{server.http_port}"
         started = asyncio.Event()
+        events: list[tuple[str, str]] = []
 
         async def read() -> None:
             async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
                 async with aconnect_sse(
                     client, "POST", "/v2/models/endless/infer_stream", json=INFINITE
                 ) as source:
-                    async for _ in source.aiter_sse():
+                    async for event in source.aiter_sse():
+                        events.append((event.event, event.data))
                         started.set()
 
         reader = asyncio.ensure_future(read())
         await asyncio.wait_for(started.wait(), 30)
         await server.stop()
-        with pytest.raises(httpx.RemoteProtocolError):
-            await reader
+        await asyncio.wait_for(reader, 30)  # the stream ended cleanly, with its error event
+        assert events[-1][0] == "error"
+        assert "shutting down" in orjson.loads(events[-1][1])["error"]
+        assert all(name == "message" for name, _ in events[:-1])
         assert (model.cancelled, model.active_at_unload) == (1, 0)
         assert server.dataplane.streams.active == 0
+        cut = [r for r in caplog.records if "grace period ended" in r.getMessage()]
+        assert len(cut) == 1 and cut[0].exc_info is None
+        assert not [r for r in caplog.records if r.exc_info is not None]
+
+
+async def test_a_stream_waiting_for_its_first_item_at_the_end_of_the_grace_period_gets_503() -> None:
+    """Race: the server stops while a stream waits for its model's first item; when the grace
+    period ends the model is cancelled and the client gets a JSON 503 (no event was sent yet)."""
+    async with serving(ModelSettings(name="endless", implementation=Endless), grace=0.5) as server:
+        model = endless_model(server)
+        url = f"http://127.0.0.1:{server.http_port}"
+        body = {"inputs": [], "parameters": {"hold": True}}
+        async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+            answer = asyncio.ensure_future(client.post("/v2/models/endless/infer_stream", json=body))
+            await asyncio.wait_for(model.holding.wait(), 30)
+            await server.stop()
+            response = await asyncio.wait_for(answer, 30)
+        assert response.status_code == 503
+        assert "shutting down" in response.json()["error"]
+        assert (model.cancelled, model.active_at_unload) == (1, 0)

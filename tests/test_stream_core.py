@@ -12,7 +12,7 @@ import pytest
 from runtime import MLModel
 from runtime.errors import InvalidInput, ModelFailed, ModelNotFound
 from runtime.settings import ModelSettings
-from runtime.streaming import StreamError
+from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, RequestOutput, ResponseOutput
 
 from .conftest import InProcess

@@ -23,7 +23,7 @@ from ..settings import Settings
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer
-from .streams import stream_handler
+from .stream_rpc import stream_handler
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The REST transport (Starlette)."""
 
-from .app import create_app
+from .asgi import create_app
 
 __all__ = ["create_app"]

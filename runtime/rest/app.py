@@ -6,7 +6,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,7 +18,6 @@ from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
 from .errors import status_of
-from .repository import repository_routes
 from .sequence import read_sequence_headers, sequence_headers
 
 logger = logging.getLogger(__name__)
@@ -178,25 +176,3 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("Unexpected error serving %s %s", request.method, request.url.path)
     return error_response(f"Internal server error: {type(exc).__name__}: {exc}", 500)
-
-
-def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
-    """The ASGI application serving the OIP REST API over ``dataplane``."""
-    from ..kserve.v1 import KServeV1  # front ends that build on this module's helpers
-    from ..torchserve.rest import TorchServeRest
-    from .streams import StreamingApi  # it builds on RestApi, so it is imported here, not at the top
-
-    api = RestApi(dataplane)
-    return Starlette(
-        routes=api.routes()
-        + StreamingApi(api).routes()
-        + repository_routes(dataplane)
-        + TorchServeRest(dataplane).routes()
-        + KServeV1(dataplane).routes()
-        + (extra_routes or []),
-        exception_handlers={
-            ServerError: _server_error,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
-    )

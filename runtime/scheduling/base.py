@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from ..model import MLModel
 from ..settings import ModelSettings
+from ..streams.pipeline import RequestFailed
 from ..types import InferenceRequest, InferenceResponse
 
-
-@dataclass(frozen=True, slots=True)
-class RequestFailed:
-    """Yielded by a scheduler's stream in place of a response when one request of the stream failed
-    and the stream goes on (e.g. the sequence batcher, whose requests succeed or fail one by one)."""
-
-    error: Exception
-    request_id: str | None
+__all__ = ["RequestFailed", "Scheduler"]
 
 
 class Scheduler(abc.ABC):

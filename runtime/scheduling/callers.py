@@ -11,23 +11,18 @@ ends, their errors) into the call's items, and the call's reader takes them in t
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
-
-import anyio
+from typing import Any, Final, Protocol
 
 from ..continuous import Stream
 from ..errors import ServerError
 from ..sequences.identity import mark_response
 from ..sequences.lifecycle import Pending
+from ..streams.pipeline import Outbox, stop_tasks
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .base import RequestFailed
 from .queueing import Waiter
-
-if TYPE_CHECKING:
-    from .continuous import ContinuousScheduler
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""
@@ -42,33 +37,19 @@ requests, the failure of the requests' iterator."""
 Item = tuple[int, "Entry | None", Any]
 
 
-class Call:
+class Call(Outbox[Item]):
     """One caller of the scheduler (an ``infer`` or a ``stream`` iteration): what its streams produce,
-    in order, and its streams that have not finished."""
+    in order (the pipeline's :class:`~runtime.streams.pipeline.Outbox`; each stream bounds its own
+    unread chunks), and its streams that have not finished."""
 
-    __slots__ = ("items", "open", "reading", "room", "taken", "waker")
+    __slots__ = ("open", "reading", "room", "taken")
 
     def __init__(self) -> None:
-        self.items: deque[Item] = deque()
-        self.waker: asyncio.Future[None] | None = None
+        super().__init__()
         self.open: dict[Entry, None] = {}
         self.reading = True
         self.room: asyncio.Future[None] | None = None
         self.taken = 0
-
-    def push(self, item: Item) -> None:
-        self.items.append(item)
-        if self.waker is not None and not self.waker.done():
-            self.waker.set_result(None)
-
-    async def get(self) -> Item:
-        while not self.items:
-            self.waker = asyncio.get_running_loop().create_future()
-            try:
-                await self.waker
-            finally:
-                self.waker = None
-        return self.items.popleft()
 
     def close(self, entry: Entry | None) -> None:
         if entry is not None and self.open.pop(entry, False) is None:
@@ -108,6 +89,16 @@ class Entry(Waiter[None]):
     """With sequences: its request's place in its sequence's lifecycle (None outside any sequence)."""
 
 
+class StreamScheduler(Protocol):
+    """What a call needs of the continuous batcher (``.continuous_batching.ContinuousScheduler``)."""
+
+    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry: ...
+
+    def leave(self, entry: Entry) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None:
     """Tag a chunk with its stream's id and the size and id of its step; a chunk of a sequence
     also with its sequence id, and the last chunk of the stream that ends it with ``sequence_end``."""
@@ -126,7 +117,7 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
 
 
 async def serve_stream(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest]
+    scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest]
 ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
     """One call's requests, each run as a stream as it arrives; their chunks, in the order made.
 
@@ -164,15 +155,11 @@ async def serve_stream(
         for entry in list(call.open):
             scheduler.leave(entry)
         call.open.clear()
-        call.items.clear()
-        reader.cancel()
-        with anyio.CancelScope(shield=True):  # the requests' iterator must be free when we return
-            await asyncio.gather(reader, return_exceptions=True)
+        call.clear()
+        await stop_tasks(reader)  # shielded: the requests' iterator must be free when we return
 
 
-async def _read(
-    scheduler: ContinuousScheduler, requests: AsyncIterator[InferenceRequest], call: Call
-) -> None:
+async def _read(scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
     try:
         async for request in requests:
             await call.wait_for_room(call.taken)

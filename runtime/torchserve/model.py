@@ -28,7 +28,7 @@ from ..continuous import ContinuousModel, StepResult, Stream
 from ..errors import ModelFailed
 from ..ids import new_id
 from ..model import MLModel
-from ..sequences.model import SequenceModel, SequenceStep
+from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .archive import read_manifest

@@ -17,7 +17,8 @@ so the transport's flow control holds the client back. Replies wait for the tran
 of ``EACH_BUFFER``, so a client that stops reading stops the models. Each request ends with
 exactly one reply marked ``last``: its error, or an end marker after its last response.
 
-What both guarantee, on top of ``runtime.streaming``'s (pull, fairness, cancellation, ids):
+What both guarantee, on top of the pipeline's (``runtime.streams.pipeline``: pull, fairness,
+cancellation, ids):
 
 - every reply names its request (the id the client gave, or the one the core made for it);
 - errors are replies: a request that cannot be decoded, names an unknown model, fails its checks
@@ -32,19 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from .errors import InvalidInput, ServerError
-from .ids import new_id
-from .streaming import RECENT_REQUESTS, StreamError, sort_error
-from .types import InferenceRequest, InferenceResponse
-
-if TYPE_CHECKING:
-    from .dataplane import DataPlane
+from ..errors import InvalidInput, ServerError
+from ..types import InferenceRequest, InferenceResponse
+from .pipeline import Outbox, Recent, StreamError, assign_id, one, sort_error, stop_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +52,20 @@ EACH_IN_FLIGHT = 64
 EACH_BUFFER = 8
 """Most replies of one client stream waiting for the transport in the ``each`` way (each request
 served holds at most one more): a client that stops reading stops the models soon after."""
+
+
+class StreamServer(Protocol):
+    """What serves the model streams of a client stream (the DataPlane)."""
+
+    def check_model(self, name: str, version: str | None = None) -> None: ...
+
+    def infer_stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse, None]: ...
+
+    def infer_stream_in_band(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +98,7 @@ class Reply(Generic[T]):
 
 def _decode(item: Routed[T]) -> InferenceRequest:
     request = item.decode()
-    if request.id is None:
-        request.id = new_id()  # here, so that every reply to the request can name it
+    assign_id(request)  # here, so that every reply to the request can name it
     return request
 
 
@@ -107,8 +116,8 @@ class _Segment(Generic[T]):
         self.source = source
         self.first = first
         self.request = request
-        self.tags: OrderedDict[str, T] = OrderedDict()
-        self.latest: tuple[str | None, T] = (request.id, first.tag)
+        self.tags: Recent[T] = Recent()
+        self._take(first, request)
         self.next: Routed[T] | None = None
         """The request that named another model (it ended this segment's input)."""
         self.undecodable: Reply[T] | None = None
@@ -133,23 +142,25 @@ class _Segment(Generic[T]):
 
     def _take(self, item: Routed[T], request: InferenceRequest) -> InferenceRequest:
         assert request.id is not None
-        self.latest = (request.id, item.tag)
-        self.tags[request.id] = item.tag
-        if len(self.tags) > RECENT_REQUESTS:
-            self.tags.popitem(last=False)
+        self.tags.take(request.id, item.tag)
         return request
+
+    def tag(self, request_id: str | None) -> T:
+        """The tag of the request ``request_id`` names (else of the latest request taken)."""
+        found = self.tags.find(request_id)
+        return self.first.tag if found is None else found
 
     def reply(self, item: InferenceResponse | StreamError) -> Reply[T]:
         first = self.first
         if isinstance(item, StreamError):
-            tag = self.tags.get(item.request_id, self.latest[1]) if item.request_id else self.latest[1]
-            return Reply(tag, first.model, first.version, item.request_id, error=item.error)
-        tag = self.tags.get(item.id, self.latest[1]) if item.id else self.latest[1]
-        return Reply(tag, first.model, first.version, item.id, response=item)
+            return Reply(
+                self.tag(item.request_id), first.model, first.version, item.request_id, error=item.error
+            )
+        return Reply(self.tag(item.id), first.model, first.version, item.id, response=item)
 
 
 async def in_sessions(
-    dataplane: DataPlane, items: AsyncIterator[Routed[T]]
+    dataplane: StreamServer, items: AsyncIterator[Routed[T]]
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream MLServer's way: one model stream per run of requests for one model."""
     source = aiter(items)
@@ -170,7 +181,8 @@ async def in_sessions(
                     async for reply in replies:
                         yield segment.reply(reply)
             except ServerError as exc:  # the model went away between the check and the first step
-                yield Reply(segment.latest[1], item.model, item.version, segment.latest[0], error=exc)
+                latest = segment.tags.latest_id
+                yield Reply(segment.tag(latest), item.model, item.version, latest, error=exc)
         if segment.undecodable is not None:
             yield segment.undecodable
         item = segment.next or await anext(source, None)
@@ -186,11 +198,7 @@ class _End:
         self.failure = failure
 
 
-async def _one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
-    yield request
-
-
-async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
+async def _answer(dataplane: StreamServer, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
     """The replies to one request, served as a model stream of its own; the last one is ``last``."""
     try:
         dataplane.check_model(item.model, item.version)
@@ -199,7 +207,7 @@ async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply
         yield _failed(item, exc, item.id, last=True)
         return
     try:
-        stream = dataplane.infer_stream(_one(request), item.model, item.version)
+        stream = dataplane.infer_stream(one(request), item.model, item.version)
         async with aclosing(stream) as responses:
             async for response in responses:
                 yield Reply(item.tag, item.model, item.version, request.id, response=response)
@@ -210,10 +218,10 @@ async def _answer(dataplane: DataPlane, item: Routed[T]) -> AsyncGenerator[Reply
 
 
 async def each(
-    dataplane: DataPlane, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
+    dataplane: StreamServer, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream Triton's way: every request on its own, at most ``limit`` at a time."""
-    replies: asyncio.Queue[Reply[T] | _End] = asyncio.Queue(EACH_BUFFER)
+    replies: Outbox[Reply[T] | _End] = Outbox(EACH_BUFFER)
     slots = asyncio.Semaphore(limit)
     tasks: set[asyncio.Task[None]] = set()
 
@@ -254,8 +262,4 @@ async def each(
             raise reply.failure
     finally:
         # closed early or cancelled: cancel the reading and every request still served
-        pending = [task for task in (reader, *tasks) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await stop_tasks(reader, *tasks)

@@ -1,4 +1,4 @@
-"""Client streams whose requests each name their model (runtime.routing), in process, without gRPC."""
+"""Client streams whose requests each name their model (runtime.streams.client_streams), in process, without gRPC."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from runtime import MLModel
 from runtime.errors import InvalidInput
-from runtime.routing import Reply, Routed
 from runtime.settings import ModelSettings
+from runtime.streams.client_streams import Reply, Routed
 from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 from .conftest import InProcess

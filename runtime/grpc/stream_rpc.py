@@ -1,6 +1,6 @@
 """ModelStreamInfer: many requests and responses on one bidirectional stream, in two wire formats.
 
-The core serves the stream (``runtime.routing``); this module only translates. It reads each
+The core serves the stream (``runtime.streams.client_streams``); this module only translates. It reads each
 message into a ``Routed`` item and writes each ``Reply``: responses in the form of the request
 they answer (raw when it was raw), errors in band with the failed request's id. What the stream
 guarantees (one model stream per run of requests for one model, or one per request; errors in
@@ -30,13 +30,13 @@ import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
-from ..routing import Reply, Routed
+from ..streams.client_streams import Reply, Routed
 from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
 from .errors import code_of
@@ -64,11 +64,28 @@ async def _routed(
         )
 
 
-def _failure(exc: Exception) -> tuple[grpc.StatusCode, str]:
+def in_band_error(reply: Reply[Any], exc: Exception, triton: bool, final: bool = True) -> Any:
+    """The message that reports ``exc`` in band for the request ``reply`` answers, and the stream
+    goes on: the one place gRPC's in-band errors are made, for both wire formats.
+
+    MLServer's: a ModelInferResponse with the request's id, no outputs, and the parameters
+    ``error`` (the message) and ``error_code`` (the gRPC status name, e.g. INVALID_ARGUMENT).
+    Triton's: a ModelStreamInferResponse whose ``error_message`` is the message, its
+    ``infer_response`` naming the request and carrying ``triton_final_response`` = ``final``.
+    """
     if isinstance(exc, ServerError):
-        return code_of(exc), exc.message
-    logger.error("Unexpected error in a stream: %s: %s", type(exc).__name__, exc, exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+        code, text = code_of(exc), exc.message
+    else:
+        logger.error("Unexpected error in a stream: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        code, text = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+    if triton:
+        return _triton_empty(reply, final=final, error=text)
+    message = pb.ModelInferResponse(
+        model_name=reply.model, model_version=reply.version or "", id=reply.request_id or ""
+    )
+    message.parameters["error"].string_param = text
+    message.parameters["error_code"].string_param = code.name
+    return message
 
 
 # ---------------------------------------------------------------------- MLServer's format
@@ -78,24 +95,14 @@ def _is_raw(message: pb.ModelInferRequest) -> bool:
     return bool(message.raw_input_contents)
 
 
-def _mlserver_error(reply: Reply[Any], exc: Exception) -> pb.ModelInferResponse:
-    code, text = _failure(exc)
-    message = pb.ModelInferResponse(
-        model_name=reply.model, model_version=reply.version or "", id=reply.request_id or ""
-    )
-    message.parameters["error"].string_param = text
-    message.parameters["error_code"].string_param = code.name
-    return message
-
-
 def _mlserver_message(reply: Reply[bool]) -> pb.ModelInferResponse:
     if reply.response is None:
         assert reply.error is not None
-        return _mlserver_error(reply, reply.error)
+        return cast(pb.ModelInferResponse, in_band_error(reply, reply.error, triton=False))
     try:
         return response_to_proto(reply.response, reply.tag)
     except Exception as exc:  # e.g. a parameter gRPC cannot carry: this response fails, the stream goes on
-        return _mlserver_error(reply, exc)
+        return cast(pb.ModelInferResponse, in_band_error(reply, exc, triton=False))
 
 
 async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
@@ -128,7 +135,7 @@ def _triton_response(
     try:
         response_to_proto(response, reply.tag.raw, into=message.infer_response)
     except Exception as exc:  # this response fails; the request's final flag still follows
-        return _triton_empty(reply, final=final, error=_failure(exc)[1])
+        return cast(pb.ModelStreamInferResponse, in_band_error(reply, exc, triton=True, final=final))
     message.infer_response.parameters[FINAL].bool_param = final
     return message
 
@@ -157,7 +164,7 @@ def _triton_messages(reply: Reply[_Request]) -> Iterator[pb.ModelStreamInferResp
     if reply.error is not None:
         if held is not None:
             yield _triton_response(reply, held, final=False)
-        yield _triton_empty(reply, error=_failure(reply.error)[1])
+        yield in_band_error(reply, reply.error, triton=True)
     elif held is not None:
         yield _triton_response(reply, held, final=True)
     else:

@@ -1,0 +1,412 @@
+"""The one stream pipeline: requests in, ordered answers out, bounded read-ahead, cancellation
+that reaches the model. Every streaming front end goes through it: SSE (``infer_stream``,
+``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.streams.client_streams``) and
+the schedulers' own stream plumbing (``Outbox``, ``assign_id``, ``RequestFailed``).
+
+``DataPlane.infer_stream`` and ``DataPlane.infer_stream_in_band`` run a :class:`StreamSession`.
+What it guarantees, whatever the transport:
+
+- **Pull, never push.** The model's generator is advanced only when the consumer asks for the next
+  response, so a slow reader slows the model down instead of growing a buffer; the only buffers
+  are the transport's own, which are bounded.
+- **Fair.** A stream gives the event loop a turn at least every millisecond, even when its model
+  never awaits, so it cannot starve other requests or keep a disconnect from being noticed.
+- **Cancellation reaches the model.** Closing the stream (``aclose``) or cancelling the task that
+  iterates it closes the model's generator (GeneratorExit at its ``yield``) or cancels what it
+  awaits (CancelledError), and the scheduler's slot with it. Nothing is left running.
+- **Every response names its request.** Each request without an id gets a fresh one
+  (:func:`assign_id`, the one place request ids are made) before the model sees it. A response
+  answers the request whose id the model put in ``response.id`` (one of the last
+  ``RECENT_REQUESTS`` it was given), or else the latest request the model has taken. That is exact
+  for one request streamed back (unary→stream) and for models that answer each request before
+  reading the next (the default ``predict_stream``); a model that reads ahead tags its responses
+  itself.
+- **Errors are sorted at one place** (:func:`sort_error`): client errors (``ServerError``) pass
+  through, cancellation re-raises, anything else the model raised becomes ``ModelFailed`` with the
+  cause chained.
+- **A bad request never reaches the model.** It ends the model's input, as if the client had
+  stopped sending: the model finishes what it was doing and the error follows.
+
+A scheduler whose requests fail one by one (the sequence and continuous batchers) yields
+``RequestFailed`` for a failed request: in band it becomes that request's ``StreamError`` and the
+same model stream goes on.
+
+With errors raised (``infer_stream``), the first error ends the stream. With errors in band
+(``infer_stream_in_band``, which ``runtime.streams.client_streams`` uses for gRPC's
+ModelStreamInfer), each error is yielded as a :class:`StreamError` tagged with its request's id and
+the stream goes on: the requests that follow a failure are served by a fresh call of the model's
+``predict_stream``.
+
+This module depends only on the types and errors, so the dataplane and the schedulers both import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import anyio
+
+from ..errors import InvalidInput, ModelFailed, ServerError
+from ..ids import new_id
+from ..types import InferenceRequest, InferenceResponse
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+CHECKPOINT_SECONDS = 0.001
+"""A stream gives the event loop a turn at least this often, whatever its model does."""
+
+RECENT_REQUESTS = 128
+"""How many of a stream's latest requests a model may still answer by id (bounds memory per stream)."""
+
+
+def assign_id(request: InferenceRequest) -> str:
+    """The request's id, made now if it came without one: the one place request ids are assigned."""
+    if request.id is None:
+        request.id = new_id()
+    return request.id
+
+
+async def one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
+    """A stream of the single request ``request`` (unary in, streamed out)."""
+    yield request
+
+
+class Recent(Generic[V]):
+    """What a stream remembers of its latest requests, by id: an answer finds the request it names
+    (one of the last ``RECENT_REQUESTS``), or else the latest one taken."""
+
+    __slots__ = ("by_id", "latest", "latest_id")
+
+    def __init__(self) -> None:
+        self.by_id: OrderedDict[str, V] = OrderedDict()
+        self.latest: V | None = None
+        self.latest_id: str | None = None
+
+    def take(self, request_id: str, value: V) -> None:
+        self.latest, self.latest_id = value, request_id
+        self.by_id[request_id] = value
+        if len(self.by_id) > RECENT_REQUESTS:
+            self.by_id.popitem(last=False)
+
+    def find(self, request_id: str | None) -> V | None:
+        """What ``request_id`` names, or the latest request's when it names none remembered."""
+        if request_id is not None:
+            found = self.by_id.get(request_id)
+            if found is not None:
+                return found
+        return self.latest
+
+
+class Outbox(Generic[T]):
+    """The ordered items of one stream's consumer, put by its producers: the task reading its
+    requests ahead, the scheduler's steps, the tasks serving its requests. The consumer ``get``s
+    them in the order they were put.
+
+    ``bound``: ``put`` waits while that many items wait for the consumer, so a consumer that stops
+    reading stops its producers. None: the producers bound themselves (``push`` never waits).
+    """
+
+    __slots__ = ("_room", "_waker", "bound", "items")
+
+    def __init__(self, bound: int | None = None) -> None:
+        self.items: deque[T] = deque()
+        self.bound = bound
+        self._waker: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, item: T) -> None:
+        """Put ``item`` now, whatever the bound."""
+        self.items.append(item)
+        if self._waker is not None and not self._waker.done():
+            self._waker.set_result(None)
+
+    async def put(self, item: T) -> None:
+        """Put ``item`` once there is room under the bound."""
+        while self.bound is not None and len(self.items) >= self.bound:
+            if self._room is None or self._room.done():
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._room)
+        self.push(item)
+
+    async def get(self) -> T:
+        """The next item, once there is one."""
+        while not self.items:
+            self._waker = asyncio.get_running_loop().create_future()
+            try:
+                await self._waker
+            finally:
+                self._waker = None
+        item = self.items.popleft()
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+        return item
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+async def stop_tasks(*tasks: asyncio.Task[object]) -> None:
+    """Cancel ``tasks`` (a stream's read-ahead and serving tasks) and wait until they have ended.
+
+    Shielded: this runs when a stream is closed, possibly inside a cancelled anyio scope (an SSE
+    response whose client went away), where every await would raise at once; the requests'
+    iterator must be free when the stream's close returns.
+    """
+    pending = [task for task in tasks if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Yielded by a scheduler's stream in place of a response when one request of the stream failed
+    and the stream goes on (e.g. the sequence batcher, whose requests succeed or fail one by one)."""
+
+    error: Exception
+    request_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """An error reported in band on a stream that goes on, for the request ``request_id``."""
+
+    error: ServerError
+    request_id: str | None
+    continues: bool = False
+    """True when only this request failed and the model's stream goes on (``RequestFailed``)."""
+
+
+def sort_error(model: str, exc: Exception) -> ServerError:
+    """The one place errors are sorted: ours pass through, the model's become ModelFailed (chained)."""
+    if isinstance(exc, ServerError):
+        return exc
+    logger.error(
+        "Model %r failed: %s: %s", model, type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG)
+    )
+    failed = ModelFailed(f"Model {model!r} failed: {type(exc).__name__}: {exc}")
+    failed.__cause__ = exc
+    return failed
+
+
+class StreamCounter:
+    """How many streams are running now; ``wait_idle`` returns once none is (tests, draining, gauges).
+
+    It also carries the end of the server's grace period: ``cut_after`` arms it when the server
+    starts draining, and when it ends every ``on_cut`` callback runs, so that a transport ends its
+    streams still running with an in-band "shutting down" error before the server cuts them.
+    """
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.total = 0
+        self._idle: asyncio.Event | None = None
+        self.cut = False
+        """The grace period has ended: streams still running must end now."""
+        self._on_cut: set[Callable[[], None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def opened(self) -> None:
+        self.active += 1
+        self.total += 1
+        if self._idle is not None:
+            self._idle.clear()
+
+    def closed(self) -> None:
+        self.active -= 1
+        if self.active == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        if self.active == 0:
+            self._idle.set()
+            return
+        self._idle.clear()
+        await self._idle.wait()
+
+    def cut_after(self, seconds: float) -> None:
+        """Cut the streams still running ``seconds`` from now (the server's grace period)."""
+        if self._timer is None and not self.cut:
+            self._timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), self.cut_now)
+
+    def cut_now(self) -> None:
+        self.cut = True
+        callbacks, self._on_cut = self._on_cut, set()
+        for callback in callbacks:
+            callback()
+
+    def on_cut(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when the streams are cut (at once if they are); returns its removal."""
+        if self.cut:
+            callback()
+            return _nothing
+        self._on_cut.add(callback)
+        return lambda: self._on_cut.discard(callback)
+
+
+def _nothing() -> None:
+    pass
+
+
+Prepare = Callable[[InferenceRequest], None]
+"""Checks a request against the model (raising InvalidInput)."""
+Finish = Callable[[InferenceResponse, "InferenceRequest | None"], InferenceResponse]
+"""Checks a response and names it after the request it answers."""
+Serve = Callable[[AsyncIterator[InferenceRequest]], AsyncIterator["InferenceResponse | RequestFailed"]]
+"""The model's stream through its scheduler (``Scheduler.stream``)."""
+
+
+class StreamSession:
+    """One client stream served by one model; see the module docstring for what it guarantees.
+
+    ``serve`` runs the model's stream (its scheduler's ``stream``); ``prepare`` checks a request
+    against the model (raising InvalidInput), ``finish`` checks and names a response: the
+    DataPlane's ``prepare_request`` and ``finish_response`` for the model ``model``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        serve: Serve,
+        requests: AsyncIterator[InferenceRequest],
+        prepare: Prepare,
+        finish: Finish,
+    ) -> None:
+        self.model = model
+        self.serve = serve
+        self.source = aiter(requests)
+        self.prepare = prepare
+        self.finish = finish
+        self.exhausted = False
+        self.recent: Recent[InferenceRequest] = Recent()
+        self.input_error: StreamError | None = None
+        self.source_failure: Exception | None = None
+
+    async def run(self, in_band: bool) -> AsyncGenerator[InferenceResponse | StreamError, None]:
+        """Responses (and, in band, errors) until the requests end, the model stops or an error ends it."""
+        while True:
+            first = await self._next_valid(in_band)
+            if isinstance(first, StreamError):
+                yield first
+                continue
+            if first is None:
+                return
+            failure = None
+            async with aclosing(self._serve(first)) as items:
+                async for item in items:
+                    if isinstance(item, StreamError):
+                        if item.continues:  # one request failed; the model's stream goes on
+                            if not in_band:
+                                raise item.error
+                            yield item
+                            continue
+                        failure = item
+                        break
+                    yield item
+            if self.source_failure is not None:
+                raise self.source_failure  # the requests themselves broke: the stream cannot go on
+            if failure is None:
+                failure = self.input_error
+            if failure is None:
+                return  # the model finished normally: the stream is complete
+            if not in_band:
+                raise failure.error
+            yield failure
+            if self.exhausted:
+                return
+
+    async def _next_valid(self, in_band: bool) -> InferenceRequest | StreamError | None:
+        """The next request, checked; None when the input has ended."""
+        if self.exhausted:
+            return None
+        try:
+            request = await anext(self.source)
+        except StopAsyncIteration:
+            self.exhausted = True
+            return None
+        try:
+            self._prepare(request)
+        except InvalidInput as exc:
+            if not in_band:
+                raise
+            return StreamError(exc, request.id)
+        return request
+
+    def _prepare(self, request: InferenceRequest) -> None:
+        assign_id(request)
+        self.prepare(request)
+
+    async def _serve(self, first: InferenceRequest) -> AsyncGenerator[InferenceResponse | StreamError, None]:
+        """One call of the model's stream, from ``first`` until it ends or fails."""
+        self.input_error = None
+        self._taken(first)  # from here on, a failure of the model is reported for this request at least
+        feed = self._feed(first)
+        stream = self.serve(feed)
+        turn = time.monotonic()
+        try:
+            async for response in stream:
+                if isinstance(response, RequestFailed):
+                    yield StreamError(
+                        sort_error(self.model, response.error), response.request_id, continues=True
+                    )
+                    continue
+                yield self.finish(response, self._answering(response))
+                # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never
+                # awaits cannot starve the other streams, nor hide a disconnect or a cancellation
+                if time.monotonic() - turn >= CHECKPOINT_SECONDS:
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
+        except Exception as exc:
+            yield StreamError(sort_error(self.model, exc), self.recent.latest_id)
+        finally:
+            # close the model's generator (and the scheduler's slot) whatever ended the loop:
+            # GeneratorExit, cancellation, an error, or the consumer going away
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            await feed.aclose()
+
+    async def _feed(self, first: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:
+        """What the model reads: checked requests; a bad one ends the input and is reported."""
+        yield first
+        while not self.exhausted:
+            try:
+                request = await anext(self.source)
+            except StopAsyncIteration:
+                self.exhausted = True
+                return
+            except Exception as exc:
+                self.exhausted = True
+                self.source_failure = exc
+                return
+            try:
+                self._prepare(request)
+            except InvalidInput as exc:
+                self.input_error = StreamError(exc, request.id)
+                return
+            self._taken(request)
+            yield request
+
+    def _taken(self, request: InferenceRequest) -> None:
+        assert request.id is not None
+        self.recent.take(request.id, request)
+
+    def _answering(self, response: InferenceResponse) -> InferenceRequest | None:
+        return self.recent.find(response.id if isinstance(response, InferenceResponse) else None)
