@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from ..dataplane import DataPlane
 from ..settings import Settings
+from ..torchserve.grpc_api import torchserve_services
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer
@@ -107,6 +108,9 @@ class GrpcServer:
         handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
         repository = {name: handlers[name] for name in _REPOSITORY}
         for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
+            server.add_registered_method_handlers(service, table)
+        for service, table in torchserve_services(self.dataplane).items():  # TorchServe's own API
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
             server.add_registered_method_handlers(service, table)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -16,7 +16,7 @@ import email.parser
 import email.policy
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import parse_qsl
@@ -26,14 +26,13 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from ..dataplane import DataPlane
-from ..errors import SequenceNotOpen, ServerError
-from ..ids import new_id
+from ..errors import ServerError
 from ..rest.app import _Asgi, read_body
-from ..rest.sequence import HEADER_ID, read_sequence_headers, sequence_headers
-from ..sequences.identity import START, apply_transport_fields
+from ..rest.sequence import sequence_headers
 from ..types import InferenceRequest, InferenceResponse
 from .errors import describe
-from .payload import Answer, Entry, build_request, read_answers
+from .frontend import HEADER_ID, FrontEnd
+from .payload import Answer, Entry
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +92,7 @@ class TorchServeRest:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
+        self.front = FrontEnd(dataplane)
 
     def routes(self) -> list[BaseRoute]:
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
@@ -114,7 +114,7 @@ class TorchServeRest:
         version = request.path_params.get("model_version") or None
         try:
             inference_request = await self.read_request(request, name, version)
-            responses = self.answer(inference_request, name, version)
+            responses = self.front.answers(inference_request, name, version)
             await self.respond(send, responses, inference_request.id or "")
         except ServerError as exc:
             await send_error(send, exc, name)
@@ -123,58 +123,9 @@ class TorchServeRest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.dataplane.settings.max_request_size)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
-        entries = read_entries(
-            body, headers.get("content-type"), request.scope.get("query_string", b"").decode()
-        )
-        request_id = new_id()
-        inference_request = build_request(entries, headers, request_id)
-        settings = self.dataplane.registry.get(name, version).settings
-        if settings.sequence_batching:
-            read_sequence_headers(inference_request, request.scope["headers"])
-            if HEADER_ID not in headers:  # TorchServe starts a sequence for a request without an id
-                apply_transport_fields(inference_request, {START: True})
-        return inference_request
-
-    async def answer(
-        self, request: InferenceRequest, name: str, version: str | None
-    ) -> AsyncIterator[tuple[Answer, InferenceResponse]]:
-        """The answers to one request: one, or several for a streamed answer.
-
-        As in TorchServe, an id the server has not seen opens a sequence: a request that the core
-        refuses as not open (``SequenceNotOpen``, before anything ran) is sent again with START.
-        A sequence that ended is still refused.
-        """
-        answers = self._answer(request, name, version)
-        try:
-            first = await anext(answers)
-        except SequenceNotOpen:
-            await answers.aclose()
-            apply_transport_fields(request, {START: True})
-            answers = self._answer(request, name, version)
-            first = await anext(answers)
-        async with aclosing(answers):
-            yield first
-            async for item in answers:
-                yield item
-
-    async def _answer(
-        self, request: InferenceRequest, name: str, version: str | None
-    ) -> AsyncGenerator[tuple[Answer, InferenceResponse], None]:
-        settings = self.dataplane.registry.get(name, version).settings
-        if settings.continuous_batching:
-            streamed = True
-        else:  # merged with others by the scheduler: intermediate answers need batchSize 1
-            streamed = not settings.sequence_batching and not (
-                settings.max_batch_size > 1 and settings.max_batch_time > 0
-            )
-        if not streamed:
-            response = await self.dataplane.infer(request, name, version)
-            yield read_answers(response)[0], response
-            return
-        async with aclosing(self.dataplane.infer_stream(_one(request), name, version)) as responses:
-            async for response in responses:
-                for answer in read_answers(response):
-                    yield answer, response
+        query = request.scope.get("query_string", b"").decode()
+        entries = read_entries(body, headers.get("content-type"), query)
+        return self.front.request(name, version, entries, headers, headers.get(HEADER_ID))
 
     async def respond(
         self, send: Send, answers: AsyncIterator[tuple[Answer, InferenceResponse]], request_id: str
@@ -199,10 +150,6 @@ class TorchServeRest:
             except ServerError as exc:  # the status is sent: a failure ends the stream
                 logger.warning("A streamed TorchServe answer failed: %s", exc)
             await send({"type": "http.response.body", "body": b""})
-
-
-async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
-    yield request
 
 
 def _headers(answer: Answer, response: InferenceResponse, request_id: str) -> list[tuple[bytes, bytes]]:
