@@ -23,6 +23,7 @@ from .generate import (
     wants_details,
 )
 from .model_config import model_config
+from .observability.observer import Observer
 from .registry import ModelEntry, Registry
 from .repository import RepositoryError, settings_in_repository
 from .settings import ModelSettings, Settings
@@ -58,6 +59,8 @@ class DataPlane:
         self.draining = False
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
+        self.observer: Observer | None = None
+        """Metrics and traces of requests and streams (None: both off); see runtime.observability."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -113,6 +116,11 @@ class DataPlane:
         self, request: InferenceRequest, name: str, version: str | None = None
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
+        if self.observer is not None:
+            return await self.observer.infer(name, version, self._infer(request, name, version))
+        return await self._infer(request, name, version)
+
+    async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:
         entry = self._entry(name, version)
         prepare_request(request, entry)
         assert entry.scheduler is not None
@@ -197,12 +205,23 @@ class DataPlane:
             lambda response, request: finish_response(response, request, entry),
         )
         self.streams.opened()
+        observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
+        ended = False  # the stream ran to its end, or ended with its error: not left by the client
         try:
             async with aclosing(session.run(in_band)) as items:
                 async for item in items:
+                    if observed is not None:
+                        observed.event()
+                        ended = not in_band and isinstance(item, StreamError)
                     yield item
+            ended = True
+        except Exception:
+            ended = True
+            raise
         finally:
             self.streams.closed()
+            if observed is not None:
+                observed.close(cancelled=not ended)
 
     # ------------------------------------------------------------------ model repository
 

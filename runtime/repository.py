@@ -50,7 +50,10 @@ def read_repository(root: str | os.PathLike[str]) -> tuple[list[ModelSettings], 
         except Exception as exc:
             broken.append((path, str(exc)))
     if not found and not broken and f"{MODEL_ENV_PREFIX}IMPLEMENTATION" in os.environ:
-        found.append(ModelSettings())
+        try:
+            found.append(ModelSettings.from_environment())
+        except Exception as exc:
+            broken.append((Path(f"{MODEL_ENV_PREFIX}* variables"), str(exc)))
     return found, broken
 
 

@@ -14,11 +14,13 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from typing import Any
 
 import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import GrpcServer
+from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
@@ -48,15 +50,19 @@ def bind(host: str, port: int) -> socket.socket:
 class Server:
     """One process serving the models of a repository over REST and gRPC."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
         self.registry = Registry()
         self.dataplane = DataPlane(settings, self.registry)
+        self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
         self._grpc: GrpcServer | None = None
         self._http: _Uvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self._metrics: _Uvicorn | None = None
+        self._metrics_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
@@ -70,27 +76,20 @@ class Server:
         """Load the models (unless told not to) and start listening."""
         if self.settings.load_models_at_startup or models is not None:
             await self.load_models(models)
-        app = create_app(self.dataplane)
-        config = uvicorn.Config(
-            app,
-            lifespan="off",
-            log_config=None,
-            access_log=self.settings.access_log,
-            root_path=self.settings.root_path,
-            timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
-            loop="none",
-            server_header=False,
-        )
-        sock = bind(self.settings.host, self.settings.http_port)
-        self.http_port = sock.getsockname()[1]
-        self._http = _Uvicorn(config)
-        config.load()
-        self._http.lifespan = config.lifespan_class(config)
-        await self._http.startup(sockets=[sock])
-        self._http_task = asyncio.create_task(self._run_http(sock))
+        self.observability.start()
+        app = self.observability.wrap_rest(create_app(self.dataplane))
+        self._http, self._http_task, self.http_port = await self._serve_http(app, self.settings.http_port)
         logger.info("HTTP server listening on http://%s:%d", self.settings.host, self.http_port)
-        self._grpc = GrpcServer(self.dataplane, self.settings)
+        if self.observability.metrics_app is not None:
+            served = await self._serve_http(self.observability.metrics_app, self.settings.metrics_port)
+            self._metrics, self._metrics_task, self.metrics_port = served
+            logger.info(
+                "Metrics served on http://%s:%d%s",
+                self.settings.host,
+                self.metrics_port,
+                self.settings.metrics_endpoint,
+            )
+        self._grpc = GrpcServer(self.dataplane, self.settings, self.observability.grpc_interceptors())
         self.grpc_port = await self._grpc.start()
         # What was loaded so far (frameworks, weights) lives until exit: move it out of the
         # collector's reach, so that full collections stay short on the serving path.
@@ -98,16 +97,39 @@ class Server:
         gc.freeze()
         self.dataplane.started = True
 
-    async def _run_http(self, sock: socket.socket) -> None:
-        assert self._http is not None
-        await self._http.main_loop()
-        await self._http.shutdown(sockets=[sock])
+    async def _serve_http(self, app: Any, port: int) -> tuple[_Uvicorn, asyncio.Task[None], int]:
+        """Serve an ASGI app with uvicorn in this loop on ``settings.host:port``; return it and its port."""
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,  # the access log is the server's own (runtime.observability)
+            root_path=self.settings.root_path,
+            timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
+            http="httptools",
+            loop="none",
+            server_header=False,
+        )
+        sock = bind(self.settings.host, port)
+        server = _Uvicorn(config)
+        config.load()
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        task = asyncio.create_task(self._run_http(server, sock))
+        return server, task, sock.getsockname()[1]
+
+    @staticmethod
+    async def _run_http(server: _Uvicorn, sock: socket.socket) -> None:
+        await server.main_loop()
+        await server.shutdown(sockets=[sock])
 
     def endpoints(self) -> str:
-        """``http=HOST:PORT`` (and ``grpc=HOST:PORT`` when gRPC is served), space-separated."""
+        """``http=HOST:PORT`` (and ``grpc=``, ``metrics=`` when served), space-separated."""
         endpoints = f"http={self.settings.host}:{self.http_port}"
         if self.grpc_port is not None:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        if self.metrics_port is not None:
+            endpoints += f" metrics={self.settings.host}:{self.metrics_port}"
         return endpoints
 
     def request_stop(self) -> None:
@@ -129,6 +151,10 @@ class Server:
         await asyncio.gather(*draining)
         await self._wait_streams()
         await self.registry.unload_all()
+        if self._metrics is not None and self._metrics_task is not None:  # scrapable until the end
+            self._metrics.should_exit = True
+            await self._metrics_task
+        self.observability.stop()
         logger.info("Server stopped")
 
     async def _wait_streams(self, timeout: float = 5.0) -> None:

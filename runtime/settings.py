@@ -25,6 +25,8 @@ SETTINGS_FILENAME = "settings.json"
 MODEL_SETTINGS_FILENAME = "model-settings.json"
 ENV_PREFIX = "MLSERVER_"
 MODEL_ENV_PREFIX = "MLSERVER_MODEL_"
+MODEL_ENV_PARAMETERS = ("uri", "version", "format", "content_type", "extra")
+"""Parameters read from ``MLSERVER_MODEL_<NAME>`` directly (no ``PARAMETERS__``), as MLServer does."""
 
 
 class Settings(BaseSettings):
@@ -76,7 +78,25 @@ class Settings(BaseSettings):
     """Level of the server's own logs."""
 
     access_log: bool = False
-    """Log every HTTP request (off by default: it costs throughput)."""
+    """Log one line per REST request, gRPC call and stream (logger ``runtime.access``): time,
+    transport, route or RPC, model, version, status, duration, request id, sequence id and trace
+    id. Off by default: it costs throughput."""
+
+    use_structured_logging: bool = False
+    """Write every log line as one JSON object (MLServer's name), access log lines included."""
+
+    metrics_endpoint: str | None = "/metrics"
+    """Path of the Prometheus metrics, served on ``metrics_port``; empty (or null) turns metrics off
+    (nothing is counted then)."""
+
+    metrics_port: int = Field(default=8082, ge=0, le=65535)
+    """Port of the Prometheus metrics server; 0 picks a free port (the chosen one is logged)."""
+
+    tracing_server: str | None = None
+    """OTLP endpoint the OpenTelemetry traces are exported to, e.g. ``http://collector:4318`` (OTLP
+    over HTTP) or ``collector:4317`` (OTLP over gRPC). Needs the ``tracing`` extra. Unset: traces
+    are on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
@@ -103,6 +123,13 @@ class Settings(BaseSettings):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @field_validator("metrics_endpoint")
+    @classmethod
+    def _metrics_path(cls, value: str | None) -> str | None:
+        if value and not value.startswith("/"):
+            raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
+        return value or None
+
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.grpc_tls_certificate is None) != (self.grpc_tls_private_key is None):
@@ -119,6 +146,10 @@ class Settings(BaseSettings):
         settings = cls(**data)
         settings._source = Path(path) if path is not None else None
         return settings
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return bool(self.metrics_endpoint)
 
 
 class ModelParameters(BaseModel):
@@ -277,6 +308,34 @@ class ModelSettings(BaseSettings):
     def folder(self) -> Path | None:
         """The folder of the model-settings.json this came from, if any."""
         return self._source.parent if self._source else None
+
+    @classmethod
+    def from_environment(cls) -> ModelSettings:
+        """The one model that ``MLSERVER_MODEL_*`` variables describe, read as MLServer reads them
+        (what KServe sets): ``NAME``, ``IMPLEMENTATION`` and the other fields of this class, and
+        the parameters ``URI``, ``VERSION``, ``FORMAT``, ``CONTENT_TYPE`` and ``EXTRA`` (a JSON
+        object) without a ``PARAMETERS__`` prefix. When the URI is a folder (KServe's
+        ``/mnt/models``), the model's code may live there, as beside a model-settings.json."""
+        settings = cls()
+        found: dict[str, Any] = {}
+        for field in MODEL_ENV_PARAMETERS:
+            raw = os.environ.get(MODEL_ENV_PREFIX + field.upper())
+            if raw is None:
+                continue
+            if field == "extra":
+                try:
+                    found[field] = json.loads(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{MODEL_ENV_PREFIX}EXTRA must be a JSON object: {exc}") from exc
+            else:
+                found[field] = raw
+        if found:
+            own = settings.parameters.model_dump(exclude_unset=True) if settings.parameters else {}
+            settings.parameters = ModelParameters(**{**found, **own})
+        uri = settings.parameters.uri if settings.parameters else None
+        if uri and Path(uri).is_dir():
+            settings._source = Path(uri) / MODEL_SETTINGS_FILENAME
+        return settings
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ModelSettings:

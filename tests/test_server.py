@@ -128,6 +128,8 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = run_cli("start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port))
+        result = run_cli(
+            "start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port), "--metrics-port", "0"
+        )
     assert result.returncode == 1
     assert "Cannot start serving" in result.stderr and "Traceback" not in result.stderr

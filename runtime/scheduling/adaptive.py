@@ -47,6 +47,7 @@ from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
 from ..model import MLModel
+from ..observability.tracing import batch_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .base import Scheduler
@@ -230,8 +231,10 @@ class AdaptiveScheduler(Scheduler):
         live = [c for c in callers if not c.future.done()]  # drop callers that went away
         if not live:
             return
+        start = time.monotonic()
         try:
-            responses = await self._predict(batch_id, live)
+            with batch_span(self.name, batch_id, live):
+                responses = await self._predict(batch_id, live)
         except InvalidInput as exc:
             if len(live) == 1:
                 reject(live, functools.partial(_copy, exc))
@@ -252,6 +255,8 @@ class AdaptiveScheduler(Scheduler):
         else:
             resolve(live, responses)
         finally:
+            queued = sum(start - caller.arrival for caller in live)
+            self.stats.executed(len(live), queued, time.monotonic() - start)
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))
 

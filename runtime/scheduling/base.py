@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..model import MLModel
+from ..observability.stats import ExecutionStats
 from ..settings import ModelSettings
 from ..streams.pipeline import RequestFailed
 from ..types import InferenceRequest, InferenceResponse
@@ -26,6 +27,8 @@ class Scheduler(abc.ABC):
     def __init__(self, model: MLModel, settings: ModelSettings) -> None:
         self.model = model
         self.settings = settings
+        self.stats = ExecutionStats()
+        """Model executions, for the metrics (each strategy reports where it calls the model)."""
 
     async def start(self) -> None:
         """Start background tasks, if the strategy has any."""

@@ -372,6 +372,7 @@ class ContinuousScheduler(Scheduler):
                 return
         self.steps += 1
         self.largest_batch = max(self.largest_batch, size)
+        self.stats.executed(size)
         leaving: list[tuple[Entry, StreamEnd]] = []
         for entry, result in zip(active, results, strict=True):
             entry.stream.steps += 1

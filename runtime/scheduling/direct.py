@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -36,9 +37,11 @@ class DirectScheduler(Scheduler):
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         self._enter()
+        start = time.perf_counter()
         try:
             return await self.model.predict(request)
         finally:
+            self.stats.executed(1, compute=time.perf_counter() - start)
             self._leave()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:

@@ -217,6 +217,7 @@ class SequenceScheduler(Scheduler):
         self._running = len(batch)
         self.batches += 1
         self.steps += len(batch)
+        self.stats.executed(len(batch))
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
             results = list(await self.seq_model.predict_sequences(steps))
