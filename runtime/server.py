@@ -128,6 +128,8 @@ class Server:
         endpoints = f"http={self.settings.host}:{self.http_port}"
         if self.grpc_port is not None:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        if self._grpc is not None and self._grpc.management_port is not None:
+            endpoints += f" grpc_management={self.settings.host}:{self._grpc.management_port}"
         if self.metrics_port is not None:
             endpoints += f" metrics={self.settings.host}:{self.metrics_port}"
         return endpoints

@@ -4,6 +4,7 @@ say, in a tmp dir) and the stubs checked in under runtime/grpc/generated."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 
 from runtime.grpc.generated import ts_inference_pb2 as pb
 from runtime.grpc.generated import ts_inference_pb2_grpc as pb_grpc
+from runtime.grpc.generated import ts_management_pb2 as mpb
+from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
 from .servers import RunningServer, start_server
 
@@ -50,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     )  # fmt: skip
     archiver(store, "streamer", HANDLERS / "stream_handler.py")
     archiver(store, "echo", HANDLERS / "echo_handler.py")
-    running = start_server(store)
+    running = start_server(store, "--grpc-management-port", "0")
     yield running
     running.stop()
 
@@ -75,9 +78,10 @@ def client_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_client(client_dir: Path, server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
     host, port = server.grpc_address.rsplit(":", 1)
+    management = server.endpoints["grpc_management"].rsplit(":", 1)[1]
     return subprocess.run(
         [sys.executable, str(client_dir / "torchserve_grpc_client.py"), "--host", host, "--inference-port", port,
-         "--management-port", port, *args],
+         "--management-port", management, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -124,8 +128,6 @@ def test_client_infer_and_infer_stream(client_dir: Path, server: RunningServer, 
 def test_ping_and_predictions(stub: Any) -> None:
     assert stub.Ping(empty_pb2.Empty()).health == '{\n  "status": "Healthy"\n}\n'
     answer = stub.Predictions(pb.PredictionsRequest(model_name="echo", input={"data": b"x", "k": b"v"}))
-    import json
-
     seen = json.loads(answer.prediction)
     assert seen["data"] == {"data": {"bytes": "x"}, "k": {"bytes": "v"}}  # bytes, never decoded
     assert seen["headers"] == {}  # gRPC metadata does not reach the handler
@@ -166,3 +168,36 @@ def test_stream_predictions2_answers_errors_in_stream(stub: Any) -> None:
     assert answers[2].status.message == "Model not found: nope"
     assert answers[3].prediction == b"7"  # the end key ends the sequence after this request
     assert answers[4].status.code == 13 and "ended" in answers[4].status.message
+
+
+def test_management_list_describe_register_unregister(client_dir: Path, server: RunningServer) -> None:
+    with grpc.insecure_channel(server.endpoints["grpc_management"]) as channel:
+        stub = mpb_grpc.ManagementAPIsServiceStub(channel)
+        assert json.loads(stub.ListModels(mpb.ListModelsRequest()).msg) == {"models": []}  # limit 0
+        page = json.loads(stub.ListModels(mpb.ListModelsRequest(limit=2)).msg)
+        assert page["nextPageToken"] == "2"
+        assert page["models"] == [
+            {"modelName": "echo", "modelUrl": "echo.mar"},
+            {"modelName": "stateful", "modelUrl": "stateful.mar"},
+        ]
+        described = json.loads(stub.DescribeModel(mpb.DescribeModelRequest(model_name="stateful")).msg)
+        assert described[0]["modelVersion"] == "1.0" and described[0]["batchSize"] == 4
+        assert described[0]["stateful"] is True and described[0]["maxNumSequence"] == 4
+        assert described[0]["workers"][0]["status"] == "READY"
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.DescribeModel(mpb.DescribeModelRequest(model_name="nope"))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as scale:
+            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="echo", min_worker=2))
+        assert scale.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # the client's register/unregister: a model store entry by name, then unregistered
+    unregistered = run_client(client_dir, server, "unregister", "echo")
+    assert unregistered.returncode == 0, unregistered.stderr
+    assert 'Model "echo" unregistered' in unregistered.stdout
+    registered = run_client(client_dir, server, "register", "echo", "echo,other")
+    assert registered.returncode == 0, registered.stderr
+    assert 'Model "echo" Version: 1.0 registered with 1 initial workers' in registered.stdout
+    again = run_client(client_dir, server, "register", "echo", "echo")
+    assert again.returncode == 1  # already registered
+    remote = run_client(client_dir, server, "register", "densenet161")
+    assert remote.returncode == 1  # nothing is downloaded

@@ -98,6 +98,7 @@ class GrpcServer:
         self.settings = settings
         self.interceptors = list(interceptors)
         self.port: int | None = None
+        self.management_port: int | None = None
         self.health = HealthServicer(dataplane)
         self._server: grpc.aio.Server | None = None
 
@@ -140,6 +141,12 @@ class GrpcServer:
                 port = server.add_insecure_port(address)
             else:
                 port = server.add_secure_port(address, credentials)
+            if settings.grpc_management_port is not None:  # TorchServe's management clients' port
+                second = f"{host}:{settings.grpc_management_port}"
+                if credentials is None:
+                    self.management_port = server.add_insecure_port(second)
+                else:
+                    self.management_port = server.add_secure_port(second, credentials)
         except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
             raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
         await server.start()

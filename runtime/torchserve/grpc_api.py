@@ -194,4 +194,7 @@ def inference_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]
 
 def torchserve_services(dataplane: DataPlane) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
     """TorchServe's gRPC services, by full service name, for the server's one gRPC server."""
-    return {SERVICE: inference_handlers(dataplane)}
+    from .management import SERVICE as MANAGEMENT
+    from .management import management_handlers
+
+    return {SERVICE: inference_handlers(dataplane), MANAGEMENT: management_handlers(dataplane)}
