@@ -143,8 +143,8 @@ class KServeV1:
 
     def routes(self) -> list[BaseRoute]:
         return [
-            Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_name}:predict", self.predict, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_name}", self.model, methods=["GET"]),
         ]
 

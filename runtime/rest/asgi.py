@@ -18,12 +18,17 @@ from .sse_routes import StreamingApi
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
     api = RestApi(dataplane)
+    oip = api.routes()
+    # Starlette tries routes in order: the hot paths first, OIP's two infer routes (RestApi.routes
+    # puts them first) then TorchServe's and KServe's inference routes, then everything else
+    hot, other = oip[:2], oip[2:]
     return Starlette(
-        routes=api.routes()
-        + StreamingApi(api).routes()
-        + repository_routes(dataplane)
+        routes=hot
         + TorchServeRest(dataplane).routes()
         + KServeV1(dataplane).routes()
+        + other
+        + StreamingApi(api).routes()
+        + repository_routes(dataplane)
         + (extra_routes or []),
         exception_handlers={
             ServerError: _server_error,

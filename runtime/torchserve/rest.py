@@ -97,9 +97,9 @@ class TorchServeRest:
     def routes(self) -> list[BaseRoute]:
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
         return [
-            Route("/ping", _Asgi(self.ping), methods=["GET", "POST"]),
             Route("/predictions/{model_name}", _Asgi(self.predictions), methods=methods),
             Route("/predictions/{model_name}/{model_version}", _Asgi(self.predictions), methods=methods),
+            Route("/ping", _Asgi(self.ping), methods=["GET", "POST"]),
         ]
 
     async def ping(self, scope: Scope, receive: Receive, send: Send) -> None:
