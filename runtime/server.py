@@ -2,7 +2,8 @@
 
 On SIGTERM or SIGINT the server stops accepting connections and calls on both ports, lets
 in-flight requests and streams finish within ``shutdown_grace_period``, unloads every model and
-returns, so the process exits 0.
+returns, so the process exits 0. A unary request still running when the grace period ends is
+cancelled and answered 503 / UNAVAILABLE ("shutting down").
 """
 
 from __future__ import annotations
@@ -14,19 +15,28 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import GrpcServer
+from .model import MLModel
 from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
+from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
+from .watchdog import LoopWatchdog
 
 logger = logging.getLogger("runtime.server")
+
+CUT_MARGIN = 1.0
+"""Seconds past ``shutdown_grace_period`` that REST and gRPC wait before they drop connections and
+calls: unary requests still running at the end of the grace period are cancelled first, so that
+their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
 
 
 class _Uvicorn(uvicorn.Server):
@@ -52,7 +62,7 @@ class Server:
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.registry = Registry()
+        self.registry = Registry(settings.model_repository_root)
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
@@ -64,12 +74,16 @@ class Server:
         self._metrics: _Uvicorn | None = None
         self._metrics_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._watchdog: LoopWatchdog | None = None
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        broken: list[tuple[Path, str]] = []
         if models is None:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
@@ -95,7 +109,11 @@ class Server:
         # collector's reach, so that full collections stay short on the serving path.
         gc.collect()
         gc.freeze()
+        if self.settings.loop_block_warning > 0:
+            self._watchdog = LoopWatchdog(self.settings.loop_block_warning, self._models)
+            self._watchdog.start()
         self.dataplane.started = True
+        await self._grpc.health.refresh()
 
     async def _serve_http(self, app: Any, port: int) -> tuple[_Uvicorn, asyncio.Task[None], int]:
         """Serve an ASGI app with uvicorn in this loop on ``settings.host:port``; return it and its port."""
@@ -105,8 +123,9 @@ class Server:
             log_config=None,
             access_log=False,  # the access log is the server's own (runtime.observability)
             root_path=self.settings.root_path,
-            timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
+            timeout_graceful_shutdown=self.settings.shutdown_grace_period + CUT_MARGIN,  # type: ignore[arg-type]
+            http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]
             loop="none",
             server_header=False,
         )
@@ -123,6 +142,9 @@ class Server:
         await server.main_loop()
         await server.shutdown(sockets=[sock])
 
+    def _models(self) -> list[MLModel]:
+        return [entry.model for entry in self.registry.entries() if entry.model is not None]
+
     def endpoints(self) -> str:
         """``http=HOST:PORT`` (and ``grpc=``, ``metrics=`` when served), space-separated."""
         endpoints = f"http={self.settings.host}:{self.http_port}"
@@ -135,6 +157,8 @@ class Server:
         return endpoints
 
     def request_stop(self) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()  # a second signal cuts drain_delay short
         self._stopping.set()
 
     async def wait(self) -> None:
@@ -142,22 +166,38 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
-        self.dataplane.draining = True
-        self.dataplane.streams.cut_after(self.settings.shutdown_grace_period)  # streams end in band
+        self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
+        if self.settings.drain_delay and self.dataplane.started:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
+        grace = self.settings.shutdown_grace_period
+        self.dataplane.streams.cut_after(grace)  # streams end in band
+        cut = asyncio.get_running_loop().call_later(grace, self._cut, grace)
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
-            draining.append(self._grpc.stop(self.settings.shutdown_grace_period))
+            draining.append(self._grpc.stop(grace + CUT_MARGIN))
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             draining.append(self._http_task)
         await asyncio.gather(*draining)
+        cut.cancel()
         await self._wait_streams()
         await self.registry.unload_all()
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._metrics is not None and self._metrics_task is not None:  # scrapable until the end
             self._metrics.should_exit = True
             await self._metrics_task
         self.observability.stop()
         logger.info("Server stopped")
+
+    def _cut(self, grace: float) -> None:
+        cut = self.dataplane.cut_unary()
+        if cut:
+            logger.warning("%d request(s) still running after the grace period of %gs: cancelled", cut, grace)
 
     async def _wait_streams(self, timeout: float = 5.0) -> None:
         """Let streams cut at the end of the grace period close their models' generators first."""

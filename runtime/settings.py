@@ -114,8 +114,39 @@ class Settings(BaseSettings):
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
 
+    http_keepalive_timeout: float = Field(default=75.0, gt=0)
+    """Seconds an HTTP keep-alive connection may sit idle between requests before the server
+    closes it (nginx's ``keepalive_timeout``)."""
+
+    http_header_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a client has to send a request's whole header, from the connection's start or the
+    request's first byte; a new connection that sends nothing is closed, a header still incomplete
+    gets 408 (nginx's ``client_header_timeout``; it stops slowloris)."""
+
+    http_max_header_size: int = Field(default=32 * 1024, ge=1024)
+    """Largest HTTP request header (request line and fields), in bytes; a larger one gets 431
+    (nginx's ``large_client_header_buffers`` 4 x 8k)."""
+
     shutdown_grace_period: float = Field(default=30.0, ge=0)
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before models are unloaded."""
+
+    drain_delay: float = Field(default=0.0, ge=0)
+    """Seconds the server keeps accepting connections after SIGTERM/SIGINT while readiness answers
+    503 (gRPC: not ready, grpc.health NOT_SERVING) and new inference is refused with 503, so that
+    load balancers see it leave before connections are refused; in-flight work goes on meanwhile.
+    Then the listeners close and what is in flight gets ``shutdown_grace_period`` to finish. Set it
+    to at least the readiness probe's period (times its failure threshold) behind a load balancer."""
+
+    strict_readiness: bool = True
+    """Triton's strict readiness: the server is ready only when every model asked for at startup
+    (every model-settings.json of the repository) is loaded and ready, no model load has failed,
+    and at least one model is loaded (unless ``load_models_at_startup`` is off). When false, the
+    server is ready once it started, whatever its models' states (each model's own ready endpoint
+    still tells)."""
+
+    loop_block_warning: float = Field(default=0.5, ge=0)
+    """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
 
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
@@ -247,6 +278,11 @@ class ModelSettings(BaseSettings):
     outputs: list[MetadataTensor] = []
     """Output tensors the model returns, for metadata."""
 
+    require_declared_inputs: bool = False
+    """Refuse (400) a request that lacks a declared input not marked ``"parameters": {"optional":
+    true}``, as Triton does. Off by default, as in MLServer: the model gets the inputs the client
+    sent. (The PyTorch runtime always needs the inputs its ``forward`` takes.)"""
+
     max_batch_size: int = Field(default=0, ge=0)
     """Most requests merged into one batch; 0 or 1 turns batching off. With continuous batching:
     the most streams running together (0 counts as 1)."""
@@ -268,6 +304,15 @@ class ModelSettings(BaseSettings):
     """Most seconds a request waits in the batching queue before it gets 503; 0: no limit
     (Triton's ``default_timeout_microseconds``, in seconds). A request's own OIP ``timeout``
     parameter (microseconds) can shorten it, not lengthen it."""
+
+    request_timeout: float = Field(default=0.0, ge=0)
+    """Most seconds a request (queued and running) may take before it gets 503 and its work is
+    cancelled; 0: no limit. A request's own OIP ``timeout`` parameter (microseconds, as Triton's)
+    can shorten it, not lengthen it. Streams are not limited by it."""
+
+    predict_threads: int = Field(default=1, ge=1)
+    """Threads that run a plain (not ``async``) ``predict`` of this model, off the event loop;
+    more than 1 lets calls overlap (the model must then be thread-safe)."""
 
     continuous_batching: bool = False
     """Serve the model's streams with continuous batching: at most ``max_batch_size`` streams run

@@ -63,7 +63,8 @@ def test_repository_is_searched_recursively_and_failures_are_isolated(repo_serve
     assert httpx.get(f"{url}/v2/models/typed/ready").status_code == 200
     failing = httpx.get(f"{url}/v2/models/failing/ready")
     assert failing.status_code == 503 and "weights file is corrupt" in failing.json()["error"]
-    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    # strict readiness: a model asked for failed, so the server as a whole is not ready
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 503
     log = repo_server.read_log()
     assert "failing" in log and "weights file is corrupt" in log
     assert "not-json" in log and "cannot read" in log
