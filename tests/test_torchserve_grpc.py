@@ -201,3 +201,20 @@ def test_management_list_describe_register_unregister(client_dir: Path, server: 
     assert again.returncode == 1  # already registered
     remote = run_client(client_dir, server, "register", "densenet161")
     assert remote.returncode == 1  # nothing is downloaded
+
+
+def test_sequence_batching_over_rest_headers(server: RunningServer) -> None:
+    """The documentation's curl, three times: ``-H "ts_request_sequence_id: rest_0" -T sampleN.txt``;
+    sequences of different ids share batches and keep their own sums."""
+    import httpx
+
+    url = f"{server.http_url}/predictions/stateful"
+    with httpx.Client(timeout=30) as client:
+        sums = [
+            client.put(url, content=path.read_bytes(), headers={"ts_request_sequence_id": seq}).text
+            for path in SAMPLES
+            for seq in ("rest_0", "rest_1")
+        ]
+        assert sums == ["1", "1", "3", "3", "6", "6"]
+        fresh = client.put(url, content=b"5")  # no id: a new sequence, its id sent back
+        assert fresh.text == "5" and fresh.headers["ts_request_sequence_id"].startswith("seq-")

@@ -98,6 +98,8 @@ async def test_predictions_text_json_bytes_and_headers(ts_api: httpx.AsyncClient
     assert raw["data"]["body"] == {"bytes": "1\n"}
     query = (await ts_api.post("/predictions/echo?k=v", content=b"x")).json()
     assert query["data"]["k"] == "v"
+    deeper = await ts_api.post("/predictions/echo/1.0/a/b", content=b"x", headers={"x-k": "1"})
+    assert deeper.status_code == 200 and deeper.json()["url_path"] == "a/b"
 
 
 async def test_multipart_form_and_expect_continue(ts_api: httpx.AsyncClient) -> None:

@@ -99,6 +99,11 @@ class TorchServeRest:
         return [
             Route("/predictions/{model_name}", _Asgi(self.predictions), methods=methods),
             Route("/predictions/{model_name}/{model_version}", _Asgi(self.predictions), methods=methods),
+            Route(
+                "/predictions/{model_name}/{model_version}/{url_path:path}",
+                _Asgi(self.predictions),
+                methods=methods,
+            ),
             Route("/ping", _Asgi(self.ping), methods=["GET", "POST"]),
         ]
 
@@ -123,6 +128,8 @@ class TorchServeRest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.dataplane.settings.max_request_size)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+        if "url_path" in request.path_params:  # segments after the version reach the handler
+            headers["url_path"] = request.path_params["url_path"]
         query = request.scope.get("query_string", b"").decode()
         entries = read_entries(body, headers.get("content-type"), query)
         return self.front.request(name, version, entries, headers, headers.get(HEADER_ID))

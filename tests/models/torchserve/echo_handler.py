@@ -32,6 +32,7 @@ def handle(data: list[dict[str, Any]] | None, context: Any) -> list[str] | None:
                     "yaml": context.model_yaml_config,
                     "model_dir_set": bool(context.system_properties.get("model_dir")),
                     "manifest_handler": context.manifest["model"]["handler"],
+                    "url_path": context.get_request_header(idx, "url_path"),
                 }
             )
         )
