@@ -11,7 +11,7 @@ from ..errors import ServerError
 from ..kserve.v1 import KServeV1
 from ..torchserve.rest import TorchServeRest
 from .app import RestApi, _http_error, _server_error, _unexpected
-from .repository import repository_routes
+from .repository_routes import repository_routes
 from .sse_routes import StreamingApi
 
 

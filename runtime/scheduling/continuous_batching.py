@@ -53,10 +53,10 @@ from ..model import MLModel
 from ..sequences.identity import parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import RequestFailed, Scheduler
 from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout
 from .running_set_strategy import RunningSet
+from .scheduler import RequestFailed, Scheduler
 
 logger = logging.getLogger(__name__)
 

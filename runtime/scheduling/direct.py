@@ -11,7 +11,7 @@ from ..errors import Overloaded
 from ..model import MLModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import Scheduler
+from .scheduler import Scheduler
 
 
 class DirectScheduler(Scheduler):

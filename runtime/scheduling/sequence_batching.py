@@ -37,8 +37,8 @@ from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import RequestFailed, Scheduler
 from .batch_strategy import OneInFlight
+from .scheduler import RequestFailed, Scheduler
 from .sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
