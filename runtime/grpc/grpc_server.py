@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from ..dataplane import DataPlane
 from ..settings import Settings
-from ..torchserve.grpc_api import torchserve_services
+from ..torchserve.inference_grpc import torchserve_services
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer

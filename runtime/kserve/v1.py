@@ -32,7 +32,7 @@ from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelNotFound, ServerError
 from ..rest.app import read_body
 from ..rest.disconnect import cancel_on_disconnect
-from ..rest.errors import status_of
+from ..rest.status import status_of
 from ..tensors import output_array
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 

@@ -9,7 +9,7 @@ from starlette.routing import BaseRoute
 from ..dataplane import DataPlane
 from ..errors import ServerError
 from ..kserve.v1 import KServeV1
-from ..torchserve.rest import TorchServeRest
+from ..torchserve.rest_api import TorchServeRest
 from .app import RestApi, _http_error, _server_error, _unexpected
 from .repository_routes import repository_routes
 from .sse_routes import StreamingApi

@@ -35,9 +35,9 @@ from ..settings import MODEL_SETTINGS_FILENAME, ModelParameters, ModelSettings
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 UNPACKED = ".mar-unpacked"
 IMPLEMENTATIONS = {
-    "plain": "runtime.torchserve.model.HandlerModel",
-    "sequence": "runtime.torchserve.model.HandlerSequenceModel",
-    "continuous": "runtime.torchserve.model.HandlerContinuousModel",
+    "plain": "runtime.torchserve.handler_model.HandlerModel",
+    "sequence": "runtime.torchserve.handler_model.HandlerSequenceModel",
+    "continuous": "runtime.torchserve.handler_model.HandlerContinuousModel",
 }
 
 

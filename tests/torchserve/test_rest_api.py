@@ -19,11 +19,11 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 from runtime.repository import read_repository
 from runtime.torchserve.archive import archive_settings
 
-from .conftest import InProcess
+from ..conftest import InProcess
 
 pytestmark = pytest.mark.anyio
 
-HANDLERS = Path(__file__).resolve().parent / "models" / "torchserve"
+HANDLERS = Path(__file__).resolve().parents[1] / "models" / "torchserve"
 
 
 def archive(tmp: Path, name: str, handler: str, config: str | None = None, fmt: str = "default") -> Path:
@@ -67,7 +67,7 @@ def test_archive_settings_map_model_config(tmp_path: Path) -> None:
     assert settings.sequence_batching and not settings.continuous_batching
     assert settings.max_sequence_idle_ms == 60000 and settings.max_sequences == 3
     assert settings.max_sequence_queue_size == 10
-    assert settings.implementation == "runtime.torchserve.model.HandlerSequenceModel"
+    assert settings.implementation == "runtime.torchserve.handler_model.HandlerSequenceModel"
     extra = settings.parameters.extra["torchserve"] if settings.parameters else {}
     assert extra["config"]["responseTimeout"] == 30 and extra["config"]["minWorkers"] == 2
     # the archive was unpacked next to it, once

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
-from .servers import RunningServer, start_server
+from ..servers import RunningServer, start_server
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torchserve" / "stateful"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchserve" / "stateful"
 SEQ_ID = "ts_request_sequence_id"
 SEQ_END = "ts_request_sequence_end"
 

@@ -24,11 +24,11 @@ from runtime.grpc.generated import ts_inference_pb2_grpc as pb_grpc
 from runtime.grpc.generated import ts_management_pb2 as mpb
 from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
-from .servers import RunningServer, start_server
+from ..servers import RunningServer, start_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "torchserve"
-HANDLERS = Path(__file__).resolve().parent / "models" / "torchserve"
+HANDLERS = Path(__file__).resolve().parents[1] / "models" / "torchserve"
 SAMPLES = [EXAMPLES / "stateful" / "sample" / f"sample{i}.txt" for i in (1, 2, 3)]
 
 

@@ -31,7 +31,7 @@ from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
 from ..types import InferenceRequest
-from .errors import describe
+from .error_body import describe
 from .frontend import FrontEnd
 from .payload import Answer, Entry
 
@@ -194,7 +194,7 @@ def inference_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]
 
 def torchserve_services(dataplane: DataPlane) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
     """TorchServe's gRPC services, by full service name, for the server's one gRPC server."""
-    from .management import SERVICE as MANAGEMENT
-    from .management import management_handlers
+    from .management_grpc import SERVICE as MANAGEMENT
+    from .management_grpc import management_handlers
 
     return {SERVICE: inference_handlers(dataplane), MANAGEMENT: management_handlers(dataplane)}

@@ -30,7 +30,7 @@ from ..errors import ServerError
 from ..rest.app import _Asgi, read_body
 from ..rest.sequence import sequence_headers
 from ..types import InferenceRequest, InferenceResponse
-from .errors import describe
+from .error_body import describe
 from .frontend import HEADER_ID, FrontEnd
 from .payload import Answer, Entry
 
