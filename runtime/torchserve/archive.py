@@ -16,8 +16,8 @@ model-settings.json is needed: the yaml's keys map onto this server's model sett
     minWorkers, maxWorkers, responseTimeout, ... kept as they are in ``parameters.extra["torchserve"]``
 
 Other sections (e.g. ``handler:``) reach only the handler, through ``ctx.model_yaml_config``.
-A ``.mar`` file is unpacked once into a cache folder next to it (``.mar-unpacked/<name>``),
-refreshed when the archive changes. Nothing here imports torch or the ``ts`` package.
+A ``.mar`` file is unpacked once into a cache folder next to it (``.mar-unpacked/<name>``, or a
+temporary folder when the model folder is read-only), refreshed when the archive changes. Nothing here imports torch or the ``ts`` package.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import hashlib
 import json
 import shutil
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from ..settings import MODEL_SETTINGS_FILENAME, ModelParameters, ModelSettings
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 UNPACKED = ".mar-unpacked"
+ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz")
 IMPLEMENTATIONS = {
     "plain": "runtime.torchserve.handler_model.HandlerModel",
     "sequence": "runtime.torchserve.handler_model.HandlerSequenceModel",
@@ -46,13 +48,13 @@ class ArchiveError(Exception):
 
 
 def find_archives(root: Path) -> list[Path]:
-    """Every ``.mar`` file and every unpacked archive folder (``MAR-INF/MANIFEST.json`` without a
+    """Every ``.mar`` (or ``.tar.gz``/``.tgz``, the archiver's tgz format) file and every unpacked archive folder (``MAR-INF/MANIFEST.json`` without a
     model-settings.json beside it) under ``root``, in a stable order."""
     found: list[Path] = []
     for path in sorted(root.rglob("*")):
         if UNPACKED in path.parts:
             continue
-        if path.is_file() and path.suffix == ".mar":
+        if path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
             found.append(path)
         elif path.is_dir() and (path / MANIFEST).is_file() and not (path / MODEL_SETTINGS_FILENAME).is_file():
             found.append(path)
@@ -64,14 +66,23 @@ def unpack(archive: Path) -> Path:
     if archive.is_dir():
         return archive
     digest = hashlib.sha1(f"{archive.resolve()}:{archive.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-    target = archive.parent / UNPACKED / f"{archive.stem}-{digest}"
-    if (target / MANIFEST).is_file():
-        return target
-    for old in (archive.parent / UNPACKED).glob(f"{archive.stem}-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    for cache in (archive.parent / UNPACKED, Path(tempfile.gettempdir()) / "mlserver-like-mar"):
+        target = cache / f"{archive.stem}-{digest}"
+        if (target / MANIFEST).is_file():
+            return target
+        try:  # next to the archive, or in a temporary folder when the model folder is read-only
+            for old in cache.glob(f"{archive.stem}-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            staging = target.with_name(target.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        except OSError:
+            continue
+        return _extract(archive, staging, target)
+    raise ArchiveError(f"nowhere to unpack {archive}")
+
+
+def _extract(archive: Path, staging: Path, target: Path) -> Path:
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:

@@ -38,7 +38,8 @@ def archive(tmp: Path, name: str, handler: str, config: str | None = None, fmt: 
         yaml_file.write_text(config)
         cmd += ["--config-file", str(yaml_file)]
     subprocess.run(cmd, check=True, capture_output=True)
-    return tmp / (f"{name}.mar" if fmt in ("default", "zip-store") else name)
+    suffix = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz"}.get(fmt, "")
+    return tmp / f"{name}{suffix}"
 
 
 @pytest.fixture
@@ -47,6 +48,7 @@ async def ts_api(tmp_path: Path, inprocess: InProcess) -> AsyncIterator[httpx.As
     store.mkdir()
     archive(store, "echo", "echo_handler.py", "minWorkers: 1\nhandler:\n  greeting: hello\n")
     archive(store, "streamer", "stream_handler.py", fmt="no-archive")
+    archive(store, "zipped", "echo_handler.py", fmt="tgz")
     found, broken = read_repository(store)
     assert not broken
     await inprocess.load(*found)
@@ -96,6 +98,7 @@ async def test_predictions_text_json_bytes_and_headers(ts_api: httpx.AsyncClient
     assert as_json["data"]["body"] == {"input": 3}  # application/json is parsed
     raw = (await ts_api.put("/predictions/echo/1.0", content=b"1\n")).json()  # curl -T: PUT, no type
     assert raw["data"]["body"] == {"bytes": "1\n"}
+    assert (await ts_api.post("/predictions/zipped", content=b"x")).status_code == 200  # a .tar.gz
     query = (await ts_api.post("/predictions/echo?k=v", content=b"x")).json()
     assert query["data"]["k"] == "v"
     deeper = await ts_api.post("/predictions/echo/1.0/a/b", content=b"x", headers={"x-k": "1"})
