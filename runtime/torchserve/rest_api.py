@@ -23,11 +23,12 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
 from ..rest.app import _Asgi, read_body
+from ..rest.disconnect import cancel_on_disconnect
 from ..rest.sequence import sequence_headers
 from ..types import InferenceRequest, InferenceResponse
 from .error_body import describe
@@ -117,12 +118,22 @@ class TorchServeRest:
         request = Request(scope, receive, send)
         name = request.path_params["model_name"]
         version = request.path_params.get("model_version") or None
+        started: list[bool] = []
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                started.append(True)
+            await send(message)
+
         try:
             inference_request = await self.read_request(request, name, version)
             responses = self.front.answers(inference_request, name, version)
-            await self.respond(send, responses, inference_request.id or "")
+            # a client that goes away cancels the work, streamed or not (the sequence engine
+            # cancels its sequence, the continuous batcher drops its stream)
+            await cancel_on_disconnect(request, self.respond(sending, responses, inference_request.id or ""))
         except ServerError as exc:
-            await send_error(send, exc, name)
+            if not started:
+                await send_error(send, exc, name)
 
     async def read_request(self, request: Request, name: str, version: str | None) -> InferenceRequest:
         self.dataplane.check_model(name, version)

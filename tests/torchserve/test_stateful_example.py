@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +105,26 @@ def test_sequence_protocol(stateful: RunningServer) -> None:
         after = client.post(url, content=b"2", headers={SEQ_ID: seq})
         assert after.status_code == 400  # an ended sequence is never silently reopened
         assert after.json()["type"] == "BadRequestException"
+
+
+def cancelled(client: httpx.Client, server: RunningServer) -> int:
+    """Sequences of the model ended by a cancellation so far (model metadata's live counters)."""
+    meta = client.get(f"{server.http_url}/v2/models/stateful").json()
+    return int(meta["parameters"]["sequence_stats"]["ended"]["cancel"])
+
+
+def test_a_client_that_goes_away_cancels_its_stream(stateful: RunningServer) -> None:
+    """Race: the client closes the connection while its answer streams; the server must stop the
+    stream (and, as for any request of a sequence its caller gave up on, cancel the sequence),
+    not run it to the end for nobody."""
+    url = f"{stateful.http_url}/predictions/stateful"
+    with httpx.Client(timeout=30) as client:
+        seq = client.post(url, content=b"2").headers[SEQ_ID]
+        with client.stream("POST", url, json={"input": 3}, headers={SEQ_ID: seq}) as r:
+            assert next(r.iter_bytes()) == b"5"
+        # the connection is closed; the server counts the sequence as cancelled once it noticed
+        deadline = time.monotonic() + 20
+        while cancelled(client, stateful) < 1:
+            assert time.monotonic() < deadline, "the stream was not cancelled"
+        after = client.post(url, content=b"2", headers={SEQ_ID: seq})
+        assert after.status_code == 400 and "cancel" in after.json()["message"]
