@@ -64,29 +64,42 @@ class FrontEnd:
             apply_transport_fields(request, fields)
         return request
 
+    def streamed(self, name: str, version: str | None) -> bool:
+        """Whether the model's answers are served as a stream (they may come in several parts)."""
+        settings = self.dataplane.registry.get(name, version).settings
+        batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
+        return settings.continuous_batching or not (settings.sequence_batching or batched)
+
+    async def answer(
+        self, request: InferenceRequest, name: str, version: str | None
+    ) -> tuple[Answer, InferenceResponse]:
+        """The one answer of a model that does not stream (see ``streamed``)."""
+        try:
+            response = await self.dataplane.infer(request, name, version)
+        except SequenceNotOpen:
+            apply_transport_fields(request, {START: True})
+            response = await self.dataplane.infer(request, name, version)
+        return read_answers(response)[0], response
+
     async def answers(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
         """The answers to one request: one, or several for a streamed answer."""
-        answers = self._answers(request, name, version)
+        if not self.streamed(name, version):
+            yield await self.answer(request, name, version)
+            return
+        answers = self._stream(request, name, version)
         try:
             first = await anext(answers)
         except SequenceNotOpen:
             await answers.aclose()
             apply_transport_fields(request, {START: True})
-            answers = self._answers(request, name, version)
+            answers = self._stream(request, name, version)
             first = await anext(answers)
         async with aclosing(answers):
             yield first
             async for item in answers:
                 yield item
 
-    async def _answers(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
-        settings = self.dataplane.registry.get(name, version).settings
-        batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
-        streamed = settings.continuous_batching or not (settings.sequence_batching or batched)
-        if not streamed:
-            response = await self.dataplane.infer(request, name, version)
-            yield read_answers(response)[0], response
-            return
+    async def _stream(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
         async with aclosing(self.dataplane.infer_stream(_one(request), name, version)) as responses:
             async for response in responses:
                 for answer in read_answers(response):

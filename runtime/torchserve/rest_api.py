@@ -127,10 +127,16 @@ class TorchServeRest:
 
         try:
             inference_request = await self.read_request(request, name, version)
-            responses = self.front.answers(inference_request, name, version)
+            request_id = inference_request.id or ""
             # a client that goes away cancels the work, streamed or not (the sequence engine
             # cancels its sequence, the continuous batcher drops its stream)
-            await cancel_on_disconnect(request, self.respond(sending, responses, inference_request.id or ""))
+            if not self.front.streamed(name, version):  # one answer: no generators on this path
+                work = self.front.answer(inference_request, name, version)
+                answer, response = await cancel_on_disconnect(request, work)
+                await send_answer(send, answer, _headers(answer, response, request_id))
+                return
+            responses = self.front.answers(inference_request, name, version)
+            await cancel_on_disconnect(request, self.respond(sending, responses, request_id))
         except ServerError as exc:
             if not started:
                 await send_error(send, exc, name)
@@ -153,9 +159,7 @@ class TorchServeRest:
             answer, response = first
             headers = _headers(answer, response, request_id)
             if not answer.streams_on:
-                headers.append((b"content-length", str(len(answer.body)).encode()))
-                await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-                await send({"type": "http.response.body", "body": answer.body})
+                await send_answer(send, answer, headers)
                 return
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
             await send({"type": "http.response.body", "body": answer.body, "more_body": True})
@@ -168,6 +172,13 @@ class TorchServeRest:
             except ServerError as exc:  # the status is sent: a failure ends the stream
                 logger.warning("A streamed TorchServe answer failed: %s", exc)
             await send({"type": "http.response.body", "body": b""})
+
+
+async def send_answer(send: Send, answer: Answer, headers: list[tuple[bytes, bytes]]) -> None:
+    """One whole answer, with its length."""
+    headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
 
 
 def _headers(answer: Answer, response: InferenceResponse, request_id: str) -> list[tuple[bytes, bytes]]:
