@@ -65,6 +65,8 @@ def unpack(archive: Path) -> Path:
     """The folder holding the archive's files: the folder itself, or a fresh unpacking of a .mar."""
     if archive.is_dir():
         return archive
+    if not archive.is_file():
+        raise ArchiveError(f"{archive} does not exist")
     digest = hashlib.sha1(f"{archive.resolve()}:{archive.stat().st_mtime_ns}".encode()).hexdigest()[:12]
     for cache in (archive.parent / UNPACKED, Path(tempfile.gettempdir()) / "mlserver-like-mar"):
         target = cache / f"{archive.stem}-{digest}"
