@@ -22,12 +22,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import orjson
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.loadgen import build_request, run_load  # noqa: E402
+from benchmarks.loadgen import compare, echo_body, echo_options, median_ratio  # noqa: E402
 from tests.servers import start_server  # noqa: E402
 
 BARE_APP = textwrap.dedent(
@@ -64,38 +62,13 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def measure(port: int, pid: int, body: bytes, connections: int, seconds: float):  # type: ignore[no-untyped-def]
-    """One round: the load result and the server's CPU seconds per request."""
-    import uvloop
-
-    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
-    before = cpu_seconds(pid)
-    result = uvloop.run(run_load("127.0.0.1", port, request, connections, seconds, warmup=0.2))
-    return result, (cpu_seconds(pid) - before) / max(result.requests, 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=1.5, help="length of one round")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--elements", type=int, default=16, help="FP32 elements in the echoed tensor")
+    echo_options(parser)
     args = parser.parse_args()
-
-    body = orjson.dumps(
-        {
-            "inputs": [
-                {"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": [0.5] * args.elements}
-            ]
-        }
-    )
+    body = echo_body(args.elements)
     examples = ROOT / "examples" / "models"
 
     starts = []
@@ -114,31 +87,13 @@ def main() -> None:
         port = int(server.http_address.rsplit(":", 1)[1])
         idle = rss_mib(server.process.pid)
         print(f"idle resident memory: {idle:.1f} MiB  (target 80 MiB)")
-        rounds: dict[str, list] = {"mlserver-like": [], "bare starlette": []}  # type: ignore[type-arg]
-        for _ in range(args.rounds):
-            rounds["mlserver-like"].append(
-                measure(port, server.process.pid, body, args.connections, args.seconds)
-            )
-            rounds["bare starlette"].append(
-                measure(bare_port, bare.pid, body, args.connections, args.seconds)
-            )
-        totals = {}
-        for label, results in rounds.items():
-            requests = sum(r.requests for r, _ in results)
-            seconds = sum(r.seconds for r, _ in results)
-            latencies = sorted(x for r, _ in results for x in r.latencies)
-            cpu = statistics.median(c for _, c in results)
-            totals[label] = (requests / seconds, cpu)
-            print(
-                f"{label:>15}: {requests / seconds:8.0f} req/s  p50 {latencies[len(latencies) // 2] * 1e3:6.2f} ms  "
-                f"p99 {latencies[int(len(latencies) * 0.99)] * 1e3:6.2f} ms  CPU {cpu * 1e6:5.0f} us/request  "
-                f"errors {sum(r.errors for r, _ in results)}"
-            )
-        per_round = [a.throughput / b.throughput for (a, _), (b, _) in zip(*rounds.values(), strict=True)]
-        ours, theirs = totals["mlserver-like"], totals["bare starlette"]
+        compared = compare(
+            {"mlserver-like": (port, server.process.pid), "bare starlette": (bare_port, bare.pid)}, body, args
+        )
+        ours, theirs = compared["mlserver-like"], compared["bare starlette"]
         print(
-            f"ratio mlserver-like / bare: throughput {ours[0] / theirs[0]:.2f} over all rounds, "
-            f"{statistics.median(per_round):.2f} median of rounds; CPU per request {theirs[1] / ours[1]:.2f}"
+            f"ratio mlserver-like / bare: throughput {ours.throughput / theirs.throughput:.2f} over all rounds, "
+            f"{median_ratio(ours, theirs):.2f} median of rounds; CPU per request {theirs.cpu / ours.cpu:.2f}"
             "  (target >= 0.6)"
         )
     finally:

@@ -119,12 +119,19 @@ MODEL_PY = textwrap.dedent(
 )
 
 
-def test_an_inference_service_for_mlserver_runs_unchanged(tmp_path: Path) -> None:
-    """The runtime's and the InferenceService's variables, plus what KServe adds, on a folder with
-    no model-settings.json (KServe's /mnt/models): the one model is served as MLServer serves it."""
+@pytest.mark.parametrize("settings_file", [False, True], ids=["no model-settings.json", "one without a name"])
+def test_an_inference_service_for_mlserver_runs_unchanged(tmp_path: Path, settings_file: bool) -> None:
+    """The runtime's and the InferenceService's variables, plus what KServe adds, on KServe's
+    /mnt/models: with no model-settings.json, the one model is served as MLServer serves it; with
+    one that leaves the name and version out, the variables fill them in (as MLServer: the model is
+    the InferenceService's, not the folder's ``models``)."""
     models = tmp_path / "models"
     models.mkdir()
     (models / "model.py").write_text(MODEL_PY)
+    if settings_file:
+        (models / "model-settings.json").write_text(
+            json.dumps({"implementation": "model.Echo", "parameters": {"content_type": "np"}})
+        )
     (isvc, _) = _documents("inferenceservice.yaml")
     env = env_of(container()["env"]) | env_of(isvc["spec"]["predictor"]["model"]["env"])
     env["MLSERVER_MODEL_IMPLEMENTATION"] = isvc["metadata"]["labels"]["modelClass"]  # {{.Labels.modelClass}}
@@ -159,6 +166,17 @@ def test_model_parameters_from_the_environment(monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.setenv(MODEL_ENV_PREFIX + name, value)
     settings = ModelSettings.from_environment()
     assert settings.name == "m" and settings.version == "3"
+    # a model-settings.json's own values win; the variables fill what it leaves out
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "model-settings.json").write_text(
+        json.dumps(
+            {"implementation": "tests.models.zoo.Echo", "parameters": {"version": "7", "extra": {"b": 1}}}
+        )
+    )
+    filled = ModelSettings.from_file(tmp_path / "own" / "model-settings.json")
+    assert (filled.name, filled.version) == ("m", "7")
+    assert filled.parameters is not None
+    assert (filled.parameters.format, filled.parameters.extra) == ("torchscript", {"b": 1})
     assert settings.parameters is not None
     assert (settings.parameters.uri, settings.parameters.format) == (str(tmp_path), "torchscript")
     assert (settings.parameters.content_type, settings.parameters.extra) == ("str", {"a": [1, 2]})

@@ -311,15 +311,27 @@ async def test_access_log_lines_are_json_with_every_field(access_lines: list[str
     assert rpc["route"] == "/inference.GRPCInferenceService/ModelInfer"
 
 
-def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any) -> None:
-    """The real CLI with --use-structured-logging and --access-log: every stderr line is JSON."""
+@pytest.mark.parametrize("how", ["flags", "settings.json", "environment"])
+def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any, how: str) -> None:
+    """The real CLI with structured logging and the access log on (by flags, by settings.json, or
+    by MLServer's environment variables): every stderr line is JSON."""
     from ..servers import start_server
 
     (tmp_path / "echo").mkdir()
     (tmp_path / "echo" / "model-settings.json").write_text(
         json.dumps({"name": "echo", "implementation": "tests.models.zoo.Echo"})
     )
-    server = start_server(tmp_path, "--use-structured-logging", "--access-log")
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    if how == "flags":
+        flags = ("--use-structured-logging", "--access-log")
+    elif how == "settings.json":
+        (tmp_path / "settings.json").write_text(
+            json.dumps({"use_structured_logging": True, "access_log": True})
+        )
+    else:
+        env = {"MLSERVER_USE_STRUCTURED_LOGGING": "true", "MLSERVER_ACCESS_LOG": "true"}
+    server = start_server(tmp_path, *flags, env=env)
     try:
         with httpx.Client(base_url=server.http_url) as client:
             assert client.post("/v2/models/echo/infer", json=ECHO).status_code == 200
@@ -357,3 +369,113 @@ async def test_streams_the_client_leaves_are_counted_as_cancelled() -> None:
     assert value(samples, "model_streams_cancelled_total", **labels) == 2
     assert value(samples, "model_streams_open", **labels) == 0
     assert value(samples, "model_stream_events_sent_total", **labels) >= 4
+
+
+async def test_sequence_batching_reports_queue_and_compute_time() -> None:
+    """A step queued behind its sequence's running step waits; both steps are timed in the model."""
+    async with serving(
+        ModelSettings(name="seq", implementation=SequenceRecorder, sequence_batching=True)
+    ) as server:
+        scheduler = server.registry.get("seq").scheduler
+        assert scheduler is not None
+        model = scheduler.model
+        assert isinstance(model, SequenceRecorder)
+        model.gate.clear()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            first = asyncio.create_task(
+                client.post(
+                    "/v2/models/seq/infer", json=seq_body(1, sequence_id="q", sequence_start=True, hold=True)
+                )
+            )
+            await asyncio.wait_for(model.holding.wait(), 30)
+            second = asyncio.create_task(
+                client.post("/v2/models/seq/infer", json=seq_body(2, sequence_id="q", hold_s=0.05))
+            )
+            await until(lambda: scheduler.describe()["stats"]["queued_requests"] == 1)
+            model.gate.set()
+            assert [(await first).status_code, (await second).status_code] == [200, 200]
+        samples = await scrape(server.metrics_port or 0)
+    labels = {"model": "seq", "version": ""}
+    assert value(samples, "nv_inference_exec_count", **labels) == 2
+    assert value(samples, "nv_inference_count", **labels) == 2
+    assert value(samples, "nv_inference_queue_duration_us", **labels) > 0  # the second waited for the first
+    assert (
+        value(samples, "nv_inference_compute_infer_duration_us", **labels) >= 50_000
+    )  # hold_s of the second
+
+
+async def test_continuous_batching_reports_queue_and_compute_time() -> None:
+    """With one slot, a stream waits while another runs; every step is timed in the model."""
+    settings = ModelSettings(
+        name="steps",
+        implementation="tests.continuous_models.Ticker",
+        continuous_batching=True,
+        max_batch_size=1,
+    )
+    async with serving(settings) as server:
+        scheduler = server.registry.get("steps").scheduler
+        assert scheduler is not None
+        model: Any = scheduler.model
+        model.hold()
+        one = {"inputs": [], "parameters": {"length": 3, "delay_ms": 20}}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            first = asyncio.create_task(client.post("/v2/models/steps/infer", json=one))
+            await asyncio.wait_for(model.wait_stepping(), 30)
+            second = asyncio.create_task(client.post("/v2/models/steps/infer", json=one))
+            await until(lambda: getattr(scheduler, "queued", 0) == 1)
+            model.release()
+            assert [(await first).status_code, (await second).status_code] == [200, 200]
+        samples = await scrape(server.metrics_port or 0)
+    labels = {"model": "steps", "version": ""}
+    assert value(samples, "nv_inference_exec_count", **labels) == 6  # 3 steps each, one at a time
+    assert value(samples, "nv_inference_count", **labels) == 6
+    assert value(samples, "nv_inference_queue_duration_us", **labels) > 0  # the second waited 3 steps
+    assert value(samples, "nv_inference_compute_infer_duration_us", **labels) >= 6 * 20_000
+
+
+async def test_stream_access_lines_name_their_models(access_lines: list[str]) -> None:
+    """One line per SSE stream and per ModelStreamInfer call, naming the model(s) its requests named."""
+    async with serving(*MODELS, access_log=True) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as client:
+            one = {"inputs": [{"name": "n", "shape": [1], "datatype": "INT32", "data": [2]}]}
+            async with aconnect_sse(client, "POST", "/v2/models/counter/infer_stream", json=one) as source:
+                assert len([event async for event in source.aiter_sse()]) == 2
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            call = channel.stream_stream(
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            requests = []
+            for i, name in enumerate(("echo", "echo", "seq")):
+                request = pb.ModelInferRequest(model_name=name, id=f"s-{i}")
+                if name == "seq":
+                    request.inputs.add(name="x", datatype="INT64", shape=[1]).contents.int64_contents.append(
+                        1
+                    )
+                    request.parameters["sequence_id"].string_param = "g7"
+                    request.parameters["sequence_start"].bool_param = True
+                else:
+                    request.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(
+                        1.0
+                    )
+                requests.append(request)
+            replies = [reply async for reply in call(iter(requests))]
+            assert [r.id for r in replies] == ["s-0", "s-1", "s-2"]
+            assert all("error" not in r.parameters for r in replies)
+    lines = [json.loads(line) for line in access_lines]
+    assert len(lines) == 2
+    sse, rpc = lines
+    assert (sse["transport"], sse["route"], sse["model"], sse["status"]) == (
+        "rest",
+        "POST /v2/models/{model_name}/infer_stream",
+        "counter",
+        200,
+    )
+    assert (rpc["transport"], rpc["route"], rpc["model"], rpc["status"]) == (
+        "grpc",
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "echo,seq",
+        "OK",
+    )
+    assert (rpc["request_id"], rpc["sequence_id"]) == ("s-0", "g7")

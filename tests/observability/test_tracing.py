@@ -151,9 +151,21 @@ def test_the_exporter_follows_tracing_server(monkeypatch: pytest.MonkeyPatch) ->
 
     for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
         monkeypatch.delenv(name, raising=False)
+    # as MLServer: tracing_server is an OTLP/gRPC address, with or without a scheme
+    for address in ("collector:4317", "http://collector:4317"):
+        grpc_exporter = tracing.exporter(Settings(tracing_server=address))
+        assert isinstance(grpc_exporter, GrpcExporter) and grpc_exporter._endpoint == "collector:4317"
+    # the standard protocol variable makes it an OTLP/HTTP address
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     http = tracing.exporter(Settings(tracing_server="http://collector:4318"))
     assert isinstance(http, HttpExporter) and http._endpoint == "http://collector:4318/v1/traces"
-    assert isinstance(tracing.exporter(Settings(tracing_server="collector:4317")), GrpcExporter)
+    # without tracing_server, the OTEL_* variables say where (over HTTP unless they say grpc)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://elsewhere:4318/v1/traces")
+    default = tracing.exporter(Settings())
+    assert isinstance(default, HttpExporter) and default._endpoint == "http://elsewhere:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert isinstance(tracing.exporter(Settings()), GrpcExporter)
 
 
 def test_the_core_does_not_import_opentelemetry() -> None:
@@ -166,3 +178,54 @@ def test_the_core_does_not_import_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("settings", "document"),
+    [
+        (ModelSettings(name="direct", implementation=zoo.Echo), ECHO),
+        (
+            ModelSettings(name="seq", implementation="tests.models.seqzoo.Recorder", sequence_batching=True),
+            {
+                "inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}],
+                "parameters": {"sequence_id": "t", "sequence_start": True},
+            },
+        ),
+        (
+            ModelSettings(
+                name="steps", implementation="tests.continuous_models.Ticker", continuous_batching=True
+            ),
+            {"inputs": [], "parameters": {"length": 2}},
+        ),
+    ],
+    ids=["direct", "sequence", "continuous"],
+)
+async def test_every_strategy_traces_its_queue_batch_and_model_call(
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+    settings: ModelSettings,
+    document: dict[str, object],
+) -> None:
+    provider, memory = exporter
+    async with serving(settings, tracer_provider=provider) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            response = await client.post(
+                f"/v2/models/{settings.name}/infer", json=document, headers={"traceparent": TRACEPARENT}
+            )
+            assert response.status_code == 200, response.text
+    spans = memory.get_finished_spans()
+    (infer,) = by_name(spans, f"infer {settings.name}")
+    assert _hex(infer.context.trace_id) == TRACE_ID
+    batches = by_name(spans, "batch")
+    steps = 2 if settings.continuous_batching else 1  # continuous batching: a batch span per step
+    assert len(batches) == steps
+    for batch in batches:
+        assert [link.context.span_id for link in batch.links] == [infer.context.span_id]
+        assert batch.attributes is not None and batch.attributes["batch.size"] == 1
+    predicts = by_name(spans, "predict")
+    assert sorted(p.parent.span_id for p in predicts if p.parent) == sorted(
+        b.context.span_id for b in batches
+    )
+    (queue,) = by_name(spans, "queue")  # a request waits once, before its first model call
+    assert queue.parent is not None and queue.parent.span_id == infer.context.span_id
+    assert queue.start_time is not None and queue.end_time is not None
+    assert queue.start_time <= queue.end_time
