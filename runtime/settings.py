@@ -29,7 +29,13 @@ MODEL_ENV_PARAMETERS = ("uri", "version", "format", "content_type", "extra")
 """Parameters read from ``MLSERVER_MODEL_<NAME>`` directly (no ``PARAMETERS__``), as MLServer does."""
 
 
-TORCHSERVE_PORTS = {"http_port": 8080, "metrics_port": 8082, "grpc_port": 7070, "grpc_management_port": 7071}
+TORCHSERVE_PORTS = {
+    "http_port": 8080,
+    "management_port": 8081,
+    "metrics_port": 8082,
+    "grpc_port": 7070,
+    "grpc_management_port": 7071,
+}
 """The ports ``torchserve: true`` gives the fields that were not set explicitly (TorchServe's own)."""
 
 
@@ -63,7 +69,7 @@ class Settings(BaseSettings):
 
     torchserve: bool = False
     """Take TorchServe's default ports: REST 8080 (inference, and this server's other REST routes),
-    metrics 8082, gRPC 7070 (inference) and 7071 (``grpc_management_port``). Only the defaults move:
+    management 8081, metrics 8082, gRPC 7070 (inference) and 7071 (``grpc_management_port``). Only the defaults move:
     a port given explicitly (flag, settings.json, environment) is kept."""
 
     root_path: str = ""

@@ -10,9 +10,9 @@ answers (a JSON document, or a status sentence).
   server's model folder) or a path; it is loaded as at startup. Already loaded: ALREADY_EXISTS
   (TorchServe's 409). URLs of remote archives are refused (nothing is downloaded).
 - ``UnregisterModel``: unloads the model (one version, or all of them).
-- ``ScaleWorker`` and ``SetDefault``: UNIMPLEMENTED: models run in this process, with no worker
-  processes to scale, and the default version is the server's rule (the unversioned one, else the
-  highest ready version).
+- ``ScaleWorker`` and ``SetDefault``: the management core operations (``runtime.management``), as
+  the management REST API calls them: worker processes for the model (zero fields are TorchServe's
+  defaults: ``min_worker`` 1, ``max_worker`` = ``min_worker``), and its default version.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Any
 import grpc
 
 from ..dataplane import DataPlane
-from ..errors import ModelNotFound
+from ..errors import InvalidInput, ModelNotFound
 from ..grpc.generated import ts_management_pb2 as pb
+from ..management import Management
 from ..registry import ModelEntry
 from ..types import State
 from .archive import ArchiveError, archive_settings
@@ -104,6 +105,8 @@ class ManagementApi:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
+        self.ops = Management(dataplane.settings, dataplane.registry)
+        """The management core operations (scale, set-default), as the management REST API uses them."""
 
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         entries = {e.name: e for e in sorted(self.dataplane.registry.entries(), key=lambda e: e.name)}
@@ -178,15 +181,30 @@ class ManagementApi:
         return pb.ManagementResponse(msg=f'Model "{name}" unregistered')
 
     async def ScaleWorker(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "Models run in the server's process here: there are no worker processes to scale",
-        )
+        name, version = request.model_name, request.model_version or None
+        minimum = request.min_worker or 1  # zero fields are TorchServe's defaults
+        maximum = request.max_worker or minimum
+        try:
+            count = await self.ops.scale(name, version, minimum, maximum, request.synchronous)
+        except ModelNotFound:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {name}")
+        except InvalidInput as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        if not request.synchronous:
+            return pb.ManagementResponse(msg="Processing worker updates...")
+        suffix = f", version: {version}" if version else ""
+        return pb.ManagementResponse(msg=f"Workers scaled to {count} for model: {name}{suffix}")
 
     async def SetDefault(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "The default version is the unversioned one, else the highest ready version",
+        name, version = request.model_name, request.model_version
+        try:
+            self.ops.set_default(name, version)
+        except ModelNotFound:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"Model version: {version} does not exist for model: {name}"
+            )
+        return pb.ManagementResponse(
+            msg=f'Default version successfully updated for model "{name}" to "{version}"'
         )
 
 

@@ -187,9 +187,18 @@ def test_management_list_describe_register_unregister(client_dir: Path, server: 
         with pytest.raises(grpc.RpcError) as missing:
             stub.DescribeModel(mpb.DescribeModelRequest(model_name="nope"))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        # ScaleWorker and SetDefault are the management core operations; their refusals:
         with pytest.raises(grpc.RpcError) as scale:
-            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="echo", min_worker=2))
-        assert scale.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="echo", min_worker=3, max_worker=2))
+        assert scale.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="nope", min_worker=1))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as no_version:
+            stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="9.9"))
+        assert no_version.value.code() == grpc.StatusCode.NOT_FOUND
+        done = stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="1.0"))
+        assert done.msg == 'Default version successfully updated for model "echo" to "1.0"'
     # the client's register/unregister: a model store entry by name, then unregistered
     unregistered = run_client(client_dir, server, "unregister", "echo")
     assert unregistered.returncode == 0, unregistered.stderr

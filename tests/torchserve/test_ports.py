@@ -20,6 +20,7 @@ def test_torchserve_moves_the_port_defaults() -> None:
     )
     ts = Settings(torchserve=True)
     assert (ts.http_port, ts.grpc_port, ts.metrics_port, ts.grpc_management_port) == (8080, 7070, 8082, 7071)
+    assert (plain.management_port, ts.management_port) == (8083, 8081)
 
 
 def test_explicit_ports_win(tmp_path: Path) -> None:
