@@ -21,7 +21,6 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from ..dataplane import DataPlane
 from ..settings import Settings
-from ..torchserve.inference_grpc import torchserve_services
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer
@@ -93,10 +92,13 @@ class GrpcServer:
         dataplane: DataPlane,
         settings: Settings,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        services: dict[str, dict[str, grpc.RpcMethodHandler]] | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.interceptors = list(interceptors)
+        self.services = services or {}
+        """Other protocols' services served beside OIP's (by full name: method handlers by method)."""
         self.port: int | None = None
         self.management_port: int | None = None
         self.health = HealthServicer(dataplane)
@@ -119,7 +121,7 @@ class GrpcServer:
         for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
             server.add_registered_method_handlers(service, table)
-        for service, table in torchserve_services(self.dataplane).items():  # TorchServe's own API
+        for service, table in self.services.items():  # e.g. TorchServe's own API
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
             server.add_registered_method_handlers(service, table)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
