@@ -6,6 +6,7 @@ its own codes through one table (``runtime/rest/status.py``, ``runtime/grpc/stat
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
     │   ├── SequenceError     unknown, ended or malformed sequence                  400 / INVALID_ARGUMENT
+    │   │   └── SequenceNotOpen   an id never seen (or forgotten) without START
     │   ├── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
     │   ├── Conflict          (management) it exists already                        409 on the management API
     │   └── Forbidden         (management) not allowed: a URL, the default version  403 on the management API
@@ -57,6 +58,12 @@ class InvalidInput(ServerError):
 
 class SequenceError(InvalidInput):
     """A sequence request names an unknown or ended sequence, or has malformed sequence parameters."""
+
+
+class SequenceNotOpen(SequenceError):
+    """A request without START names a sequence that is not open and did not end recently.
+
+    TorchServe's front ends open such a sequence (TorchServe does); the others report it."""
 
 
 class PayloadTooLarge(InvalidInput):
@@ -150,6 +157,7 @@ __all__ = [
     "RequestTimeout",
     "SequenceElsewhere",
     "SequenceError",
+    "SequenceNotOpen",
     "SequenceStepConflict",
     "ServerError",
     "ShuttingDown",

@@ -53,14 +53,22 @@ def find_model_settings(root: str | os.PathLike[str]) -> list[Path]:
 def read_repository(root: str | os.PathLike[str]) -> tuple[list[ModelSettings], list[tuple[Path, str]]]:
     """The settings of every model under ``root``, and the files that could not be read (with why).
 
-    With no model-settings.json at all, a single model described by ``MLSERVER_MODEL_*``
-    environment variables is served, as MLServer does.
+    TorchServe archives (``.mar`` files and unpacked archive folders) are models too
+    (:mod:`runtime.torchserve.archive`). With no model-settings.json and no archive at all, a
+    single model described by ``MLSERVER_MODEL_*`` environment variables is served, as MLServer does.
     """
+    from .torchserve.archive import archive_settings, find_archives
+
     found: list[ModelSettings] = []
     broken: list[tuple[Path, str]] = []
     for path in find_model_settings(root):
         try:
             found.append(ModelSettings.from_file(path))
+        except Exception as exc:
+            broken.append((path, str(exc)))
+    for path in find_archives(Path(root)):
+        try:
+            found.append(archive_settings(path))
         except Exception as exc:
             broken.append((path, str(exc)))
     if not found and not broken and f"{MODEL_ENV_PREFIX}IMPLEMENTATION" in os.environ:

@@ -30,6 +30,7 @@ from .repository import read_repository
 from .rest import create_app
 from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
+from .torchserve.inference_grpc import torchserve_services
 from .watchdog import LoopWatchdog
 
 logger = logging.getLogger("runtime.server")
@@ -111,7 +112,12 @@ class Server:
                 self.metrics_port,
                 self.settings.metrics_endpoint,
             )
-        self._grpc = GrpcServer(self.dataplane, self.settings, self.observability.grpc_interceptors())
+        self._grpc = GrpcServer(
+            self.dataplane,
+            self.settings,
+            self.observability.grpc_interceptors(),
+            services=torchserve_services(self.dataplane),
+        )
         self.grpc_port = await self._grpc.start()
         if self.settings.management_enabled:
             await self._start_management()
@@ -183,6 +189,8 @@ class Server:
         endpoints = f"http={self.settings.host}:{self.http_port}"
         if self.grpc_port is not None:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        if self._grpc is not None and self._grpc.management_port is not None:
+            endpoints += f" grpc_management={self.settings.host}:{self._grpc.management_port}"
         if self.metrics_port is not None:
             endpoints += f" metrics={self.settings.host}:{self.metrics_port}"
         if self.management_port is not None:

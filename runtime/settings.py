@@ -29,6 +29,16 @@ MODEL_ENV_PARAMETERS = ("uri", "version", "format", "content_type", "extra")
 """Parameters read from ``MLSERVER_MODEL_<NAME>`` directly (no ``PARAMETERS__``), as MLServer does."""
 
 
+TORCHSERVE_PORTS = {
+    "http_port": 8080,
+    "management_port": 8081,
+    "metrics_port": 8082,
+    "grpc_port": 7070,
+    "grpc_management_port": 7071,
+}
+"""The ports ``torchserve: true`` gives the fields that were not set explicitly (TorchServe's own)."""
+
+
 class Settings(BaseSettings):
     """Settings of the server (``settings.json``; environment prefix ``MLSERVER_``)."""
 
@@ -52,6 +62,15 @@ class Settings(BaseSettings):
 
     grpc_port: int = Field(default=8081, ge=0, le=65535)
     """Port of the gRPC server; 0 picks a free port (the chosen one is logged)."""
+
+    grpc_management_port: int | None = Field(default=None, ge=0, le=65535)
+    """A second port of the same gRPC server, where TorchServe's management clients look for it
+    (7071 with ``torchserve``); unset: none. Every service is served on both ports."""
+
+    torchserve: bool = False
+    """Take TorchServe's default ports: REST 8080 (inference, and this server's other REST routes),
+    management 8081, metrics 8082, gRPC 7070 (inference) and 7071 (``grpc_management_port``). Only the defaults move:
+    a port given explicitly (flag, settings.json, environment) is kept."""
 
     root_path: str = ""
     """Path prefix the REST API is served under, for proxies that strip or add one."""
@@ -196,6 +215,14 @@ class Settings(BaseSettings):
         if value and not value.startswith("/"):
             raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
         return value or None
+
+    @model_validator(mode="after")
+    def _torchserve_ports(self) -> Settings:
+        if self.torchserve:
+            for name, port in TORCHSERVE_PORTS.items():
+                if name not in self.model_fields_set:
+                    setattr(self, name, port)
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:

@@ -92,11 +92,15 @@ class GrpcServer:
         dataplane: DataPlane,
         settings: Settings,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        services: dict[str, dict[str, grpc.RpcMethodHandler]] | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.interceptors = list(interceptors)
+        self.services = services or {}
+        """Other protocols' services served beside OIP's (by full name: method handlers by method)."""
         self.port: int | None = None
+        self.management_port: int | None = None
         self.health = HealthServicer(dataplane)
         self._server: grpc.aio.Server | None = None
 
@@ -115,6 +119,9 @@ class GrpcServer:
         handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
         repository = {name: handlers[name] for name in _REPOSITORY}
         for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
+            server.add_registered_method_handlers(service, table)
+        for service, table in self.services.items():  # e.g. TorchServe's own API
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
             server.add_registered_method_handlers(service, table)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -136,6 +143,12 @@ class GrpcServer:
                 port = server.add_insecure_port(address)
             else:
                 port = server.add_secure_port(address, credentials)
+            if settings.grpc_management_port is not None:  # TorchServe's management clients' port
+                second = f"{host}:{settings.grpc_management_port}"
+                if credentials is None:
+                    self.management_port = server.add_insecure_port(second)
+                else:
+                    self.management_port = server.add_secure_port(second, credentials)
         except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
             raise OSError(f"gRPC cannot listen on {address}: {exc}") from None
         await server.start()

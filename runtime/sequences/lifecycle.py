@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import Cancelled, Overloaded, SequenceError, ServerError
+from ..errors import Cancelled, Overloaded, SequenceError, SequenceNotOpen, ServerError
 from ..types import InferenceRequest, InferenceResponse
 from .identity import SequenceControl
 from .sequence_model import END_REASONS, EndReason
@@ -143,7 +143,7 @@ class Sequences:
                     self.rejected["ended"] += 1
                     raise SequenceError(ended_message(control.echo, reason))
                 self.rejected["not_open"] += 1
-                raise SequenceError(
+                raise SequenceNotOpen(
                     f"Sequence {control.echo!r} is not open on model {self.model!r}: "
                     "its first request must have sequence_start=true"
                 )

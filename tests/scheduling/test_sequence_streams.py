@@ -59,7 +59,7 @@ async def test_one_bad_request_is_answered_in_band_and_the_stream_goes_on(inproc
     assert totals(items) == [
         ("1", 1),
         ("2", 10),
-        ("3", "SequenceError"),
+        ("3", "SequenceNotOpen"),  # a SequenceError: never started
         ("4", 3),
         ("5", 30),
         ("6", "SequenceError"),

@@ -1,0 +1,42 @@
+"""Core errors to TorchServe's error body ``{"code", "type", "message"}``: this front end's one table."""
+
+from __future__ import annotations
+
+from .. import errors
+
+NO_WORKER = (
+    'Model "{name}" has no worker to serve inference request. Please use scale workers API to add workers.'
+)
+
+# most specific first: the first class an error is an instance of decides
+TABLE: tuple[tuple[type[errors.ServerError], int, str], ...] = (
+    (errors.PayloadTooLarge, 413, "RequestEntityTooLargeException"),
+    (errors.InvalidInput, 400, "BadRequestException"),
+    (errors.ModelNotFound, 404, "ModelNotFoundException"),
+    (errors.Overloaded, 503, "ServiceUnavailableException"),
+    (errors.ModelNotReady, 503, "ServiceUnavailableException"),
+    (errors.Unavailable, 503, "ServiceUnavailableException"),
+    (errors.ModelFailed, 500, "InternalServerException"),
+    (errors.Cancelled, 499, "RequestCancelledException"),
+)
+
+
+def describe(error: errors.ServerError, model: str) -> tuple[int, str, str]:
+    """The status, exception type and message TorchServe would answer with."""
+    status = getattr(error, "status", None)  # a handler's own code (runtime.torchserve.handler)
+    if isinstance(status, int) and isinstance(error, errors.ModelFailed):
+        return status, "InternalServerException", error.message
+    if isinstance(error, errors.ModelNotFound):
+        if error.version:
+            return (
+                404,
+                "ModelVersionNotFoundException",
+                f"Model version: {error.version} does not exist for model: {error.name}",
+            )
+        return 404, "ModelNotFoundException", f"Model not found: {error.name}"
+    if isinstance(error, errors.Overloaded | errors.ModelNotReady):
+        return 503, "ServiceUnavailableException", NO_WORKER.format(name=model)
+    for cls, code, kind in TABLE:
+        if isinstance(error, cls):
+            return code, kind, error.message
+    return 500, "InternalServerException", error.message

@@ -1,0 +1,110 @@
+"""What TorchServe's REST and gRPC front ends share: a request from entries, headers and a sequence
+id, and its answers from the DataPlane (translation only; the core decides).
+
+- Sequences: for a sequence model (``sequenceBatching``) the id (header ``ts_request_sequence_id``
+  or gRPC ``sequence_id``) and the start/end headers become the OIP sequence parameters; a request
+  without an id starts a new sequence (TorchServe makes one), and an id the server has not seen
+  opens one (TorchServe does): a request the core refuses as not open (``SequenceNotOpen``, before
+  anything ran) is sent again with START. A sequence that ended is still refused. For any other
+  model the headers only reach the handler.
+- Answers: a continuous-batching model, or a plain model served without adaptive batching, is
+  served as a stream, so that intermediate answers (``ts_stream_next: true``) reach the client as
+  they come; a batched or sequence-batched model answers once (intermediate answers need
+  batchSize 1, as TorchServe's StreamPredictions does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+
+from ..dataplane import DataPlane
+from ..errors import SequenceNotOpen
+from ..ids import new_id
+from ..sequences.identity import END, ID, START, apply_transport_fields
+from ..types import InferenceRequest, InferenceResponse
+from .payload import Answer, Entry, build_request, read_answers
+
+HEADER_ID = "ts_request_sequence_id"
+HEADER_START = "ts_request_sequence_start"
+HEADER_END = "ts_request_sequence_end"
+
+Answers = AsyncGenerator[tuple[Answer, InferenceResponse], None]
+
+
+class FrontEnd:
+    """TorchServe's request and answer rules over one DataPlane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    def request(
+        self,
+        name: str,
+        version: str | None,
+        entries: list[Entry],
+        headers: dict[str, str],
+        sequence_id: str | None,
+    ) -> InferenceRequest:
+        """The InferenceRequest for one TorchServe request to model ``name``."""
+        settings = self.dataplane.registry.get(name, version).settings
+        if sequence_id:
+            headers = {**headers, HEADER_ID: sequence_id}
+        request = build_request(entries, headers, new_id())
+        if settings.sequence_batching:
+            lowered = {k.lower(): v for k, v in headers.items()}
+            fields: dict[str, object] = {}
+            if sequence_id:
+                fields[ID] = sequence_id
+            else:
+                fields[START] = True
+            for header, field in ((HEADER_START, START), (HEADER_END, END)):
+                if header in lowered:
+                    fields[field] = lowered[header]
+            apply_transport_fields(request, fields)
+        return request
+
+    def streamed(self, name: str, version: str | None) -> bool:
+        """Whether the model's answers are served as a stream (they may come in several parts)."""
+        settings = self.dataplane.registry.get(name, version).settings
+        batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
+        return settings.continuous_batching or not (settings.sequence_batching or batched)
+
+    async def answer(
+        self, request: InferenceRequest, name: str, version: str | None
+    ) -> tuple[Answer, InferenceResponse]:
+        """The one answer of a model that does not stream (see ``streamed``)."""
+        try:
+            response = await self.dataplane.infer(request, name, version)
+        except SequenceNotOpen:
+            apply_transport_fields(request, {START: True})
+            response = await self.dataplane.infer(request, name, version)
+        return read_answers(response)[0], response
+
+    async def answers(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
+        """The answers to one request: one, or several for a streamed answer."""
+        if not self.streamed(name, version):
+            yield await self.answer(request, name, version)
+            return
+        answers = self._stream(request, name, version)
+        try:
+            first = await anext(answers)
+        except SequenceNotOpen:
+            await answers.aclose()
+            apply_transport_fields(request, {START: True})
+            answers = self._stream(request, name, version)
+            first = await anext(answers)
+        async with aclosing(answers):
+            yield first
+            async for item in answers:
+                yield item
+
+    async def _stream(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
+        async with aclosing(self.dataplane.infer_stream(_one(request), name, version)) as responses:
+            async for response in responses:
+                for answer in read_answers(response):
+                    yield answer, response
+
+
+async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
+    yield request

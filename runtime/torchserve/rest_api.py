@@ -1,0 +1,192 @@
+"""TorchServe's inference REST API on the main REST port: a translator onto the DataPlane.
+
+``GET /ping`` and ``/predictions/{model}[/{version}]`` (any method, any body). The body becomes the
+handler's entries (:mod:`.payload`): multipart and form-urlencoded bodies one entry per field,
+anything else the entry ``body``, query pairs one entry each. Every request header reaches the
+handler. For a sequence model (``sequenceBatching``) the ``ts_request_sequence_*`` headers become
+the OIP sequence parameters (a request without an id starts a new sequence, as in TorchServe), so
+the one sequence engine decides. The answer is the handler's: its status, phrase, headers and
+body; an answer marked ``ts_stream_next: true`` starts a chunked response, one chunk per answer.
+Errors are TorchServe's body ``{"code", "type", "message"}`` (:mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+from starlette.types import Message, Receive, Scope, Send
+
+from ..dataplane import DataPlane
+from ..errors import ServerError
+from ..rest.app import _Asgi, read_body
+from ..rest.disconnect import cancel_on_disconnect
+from ..rest.sequence import sequence_headers
+from ..types import InferenceRequest, InferenceResponse
+from .error_body import describe
+from .frontend import HEADER_ID, FrontEnd
+from .payload import Answer, Entry
+
+logger = logging.getLogger(__name__)
+
+NO_CACHE = [
+    (b"cache-control", b"no-cache; no-store, must-revalidate, private"),
+    (b"expires", b"Thu, 01 Jan 1970 00:00:00 UTC"),
+    (b"pragma", b"no-cache"),
+]
+
+
+def pretty(document: Any) -> bytes:
+    """TorchServe's JSON answers: two-space indent and a trailing newline."""
+    return (json.dumps(document, indent=2) + "\n").encode()
+
+
+async def send_json(send: Send, document: Any, status: int) -> None:
+    body = pretty(document)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + NO_CACHE})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: ServerError, model: str) -> None:
+    code, kind, message = describe(error, model)
+    await send_json(send, {"code": code, "type": kind, "message": message}, code)
+
+
+def read_entries(body: bytes, content_type: str | None, query: str) -> list[Entry]:
+    """The handler's entries for a body and query string, as TorchServe's frontend makes them."""
+    entries: list[Entry] = []
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data" and content_type:
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        )
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if not isinstance(name, str):
+                continue
+            value = part.get_payload(decode=True)
+            part_type = part.get("content-type")
+            if part_type is None and part.get_filename() is None:
+                part_type = "text/plain"  # a plain form field
+            entries.append(Entry(name, value if isinstance(value, bytes) else b"", part_type))
+    elif kind == "application/x-www-form-urlencoded":
+        for name, value in parse_qsl(body.decode("latin-1"), keep_blank_values=True):
+            entries.append(Entry(name, value.encode("latin-1"), "text/plain"))
+    elif body:
+        entries.append(Entry("body", body, content_type))
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        entries.append(Entry(name, value.encode(), "text/plain"))
+    return entries
+
+
+class TorchServeRest:
+    """The TorchServe inference routes over one DataPlane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self.front = FrontEnd(dataplane)
+
+    def routes(self) -> list[BaseRoute]:
+        methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+        return [
+            Route("/predictions/{model_name}", _Asgi(self.predictions), methods=methods),
+            Route("/predictions/{model_name}/{model_version}", _Asgi(self.predictions), methods=methods),
+            Route(
+                "/predictions/{model_name}/{model_version}/{url_path:path}",
+                _Asgi(self.predictions),
+                methods=methods,
+            ),
+            Route("/ping", _Asgi(self.ping), methods=["GET", "POST"]),
+        ]
+
+    async def ping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.dataplane.ready():
+            await send_json(send, {"status": "Healthy"}, 200)
+        else:
+            await send_json(send, {"status": "Unhealthy"}, 500)
+
+    async def predictions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        name = request.path_params["model_name"]
+        version = request.path_params.get("model_version") or None
+        started: list[bool] = []
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                started.append(True)
+            await send(message)
+
+        try:
+            inference_request = await self.read_request(request, name, version)
+            request_id = inference_request.id or ""
+            # a client that goes away cancels the work, streamed or not (the sequence engine
+            # cancels its sequence, the continuous batcher drops its stream)
+            if not self.front.streamed(name, version):  # one answer: no generators on this path
+                work = self.front.answer(inference_request, name, version)
+                answer, response = await cancel_on_disconnect(request, work)
+                await send_answer(send, answer, _headers(answer, response, request_id))
+                return
+            responses = self.front.answers(inference_request, name, version)
+            await cancel_on_disconnect(request, self.respond(sending, responses, request_id))
+        except ServerError as exc:
+            if not started:
+                await send_error(send, exc, name)
+
+    async def read_request(self, request: Request, name: str, version: str | None) -> InferenceRequest:
+        self.dataplane.check_model(name, version)
+        body = await read_body(request, self.dataplane.settings.max_request_size)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+        if "url_path" in request.path_params:  # segments after the version reach the handler
+            headers["url_path"] = request.path_params["url_path"]
+        query = request.scope.get("query_string", b"").decode()
+        entries = read_entries(body, headers.get("content-type"), query)
+        return self.front.request(name, version, entries, headers, headers.get(HEADER_ID))
+
+    async def respond(
+        self, send: Send, answers: AsyncIterator[tuple[Answer, InferenceResponse]], request_id: str
+    ) -> None:
+        async with aclosing(answers) as items:  # type: ignore[type-var]
+            first = await anext(items)  # errors before the first answer are TorchServe error bodies
+            answer, response = first
+            headers = _headers(answer, response, request_id)
+            if not answer.streams_on:
+                await send_answer(send, answer, headers)
+                return
+            await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+            try:
+                async for answer, _ in items:
+                    if answer.body:
+                        await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+                    if not answer.streams_on:
+                        break
+            except ServerError as exc:  # the status is sent: a failure ends the stream
+                logger.warning("A streamed TorchServe answer failed: %s", exc)
+            await send({"type": "http.response.body", "body": b""})
+
+
+async def send_answer(send: Send, answer: Answer, headers: list[tuple[bytes, bytes]]) -> None:
+    """One whole answer, with its length."""
+    headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+def _headers(answer: Answer, response: InferenceResponse, request_id: str) -> list[tuple[bytes, bytes]]:
+    headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in answer.headers.items()]
+    given = {k for k, _ in headers}
+    for key, value in sequence_headers(response).items():
+        if key.encode() not in given:
+            headers.append((key.encode(), value.encode()))
+    if b"x-request-id" not in given:
+        headers.append((b"x-request-id", request_id.encode()))
+    return headers + NO_CACHE
