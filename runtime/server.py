@@ -22,6 +22,7 @@ from .grpc import GrpcServer
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
+from .rest.protocol import HttpProtocol
 from .settings import ModelSettings, Settings
 
 logger = logging.getLogger("runtime.server")
@@ -78,7 +79,7 @@ class Server:
             access_log=self.settings.access_log,
             root_path=self.settings.root_path,
             timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http="httptools",
+            http=HttpProtocol,  # httptools, one write per response
             loop="none",
             server_header=False,
         )
