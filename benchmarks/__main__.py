@@ -1,7 +1,7 @@
 """The benchmark: this server against the bare ceilings, side by side in one run.
 
     python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory]
-                          [--rounds 3] [--seconds 3] [--no-pin]
+                          [--rounds 3] [--seconds 3] [--no-pin] [--baseline OTHER_CHECKOUT]
 
 Every server runs as its own process on 127.0.0.1 with free ports: this server (``mlserver-like
 start``) on the folders each row needs, and the bare ceilings of ``benchmarks/bare.py`` (bare
@@ -27,6 +27,10 @@ Rows (``--only`` picks some):
 - ``startup``: cold start to ready of the echo model alone, and of the torch examples against
   ``import torch`` (+ 0.3 s is the target); medians of interleaved starts;
 - ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server).
+
+``--baseline DIR`` adds a third side to every row: the server of another checkout of this project
+(``git worktree add /tmp/before <commit>``), on the same folders, in the same interleaved rounds,
+so that a change's before and after come from one run.
 """
 
 from __future__ import annotations
@@ -117,6 +121,25 @@ class Bare:
             self.process.wait()
 
 
+def launch(folder: Path, checkout: Path, env: dict[str, str] | None = None) -> RunningServer:
+    """``mlserver-like start FOLDER`` of the checkout ``checkout`` on free loopback ports, once ready."""
+    if checkout == ROOT:
+        return start_server(folder, timeout=180, env=env)
+    command = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1"]
+    process = subprocess.Popen(
+        [*command, "--http-port", "0", "--grpc-port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        cwd=checkout,  # python -m puts the working directory first: that checkout's runtime
+    )
+    server = RunningServer(process)
+    if not server._wait(lambda: bool(server.endpoints), 180):
+        server.stop(signal.SIGKILL)
+        raise RuntimeError(f"the server of {checkout} did not become ready:\n{server.read_log()}")
+    return server
+
+
 def port_of(server: RunningServer, transport: str = "http") -> int:
     return int(server.endpoints[transport].rsplit(":", 1)[1])
 
@@ -137,20 +160,49 @@ class Side:
 
 
 @dataclass
+class Extra:
+    """A row measured once rather than under load (start-up, memory)."""
+
+    work: str
+    ours: str
+    ceiling: str
+    ratio: str
+    target: str
+    met: bool
+    before: str = ""
+
+
+@dataclass
 class Row:
     key: str
     work: str
     ours: Side
     ceiling: Side
+    before: Side | None = None
+    """The same work on the server of the ``--baseline`` checkout."""
+    before_ceiling: Side | None = None
+    """The ceiling of ``before`` where it is not the same as ours (the baseline's own echo)."""
 
-    def ratios(self) -> list[float]:
+    def sides(self) -> list[Side]:
+        extra = [self.before, self.before_ceiling]
+        return [self.ours, self.ceiling] + [side for side in extra if side is not None]
+
+    def _pair(self, before: bool) -> tuple[Side, Side]:
+        if before:
+            assert self.before is not None
+            return self.before, self.before_ceiling or self.ceiling
+        return self.ours, self.ceiling
+
+    def ratios(self, before: bool = False) -> list[float]:
+        side, ceiling = self._pair(before)
         return [
             o.throughput / c.throughput if c.throughput else float("nan")
-            for o, c in zip(self.ours.results, self.ceiling.results, strict=True)
+            for o, c in zip(side.results, ceiling.results, strict=True)
         ]
 
-    def ratio(self) -> float:
-        return self.ours.mean() / self.ceiling.mean() if self.ceiling.mean() else float("nan")
+    def ratio(self, before: bool = False) -> float:
+        side, ceiling = self._pair(before)
+        return side.mean() / ceiling.mean() if ceiling.mean() else float("nan")
 
 
 def echo_body(elements: int) -> bytes:
@@ -242,6 +294,11 @@ class Bench:
         self.pinned = len(cpus) >= 2 and not args.no_pin
         self.server_cpus = {cpus[0]} if self.pinned else set(cpus)
         self.load_cpus = set(cpus[1:]) if self.pinned else set(cpus)
+        self.baseline: Path | None = Path(args.baseline).resolve() if args.baseline else None
+        for checkout in [ROOT] + ([self.baseline] if self.baseline else []):
+            # as installed: pip compiles a package's modules to bytecode; a checkout run with
+            # PYTHONDONTWRITEBYTECODE=1 would compile the server's own modules again at every start
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "runtime")], check=True)
 
     def close(self) -> None:
         for server in self.servers:
@@ -252,8 +309,12 @@ class Bench:
 
     # ---- processes
 
-    def ours(self, folder: Path, env: dict[str, str] | None = None) -> RunningServer:
-        server = start_server(folder, timeout=180, env=env)
+    def ours(self, folder: Path, env: dict[str, str] | None = None, before: bool = False) -> RunningServer:
+        """This checkout's server on ``folder`` (``before``: the baseline checkout's)."""
+        checkout = self.baseline if before and self.baseline is not None else ROOT
+        if env and "PYTHONPATH" in env:
+            env = {**env, "PYTHONPATH": env["PYTHONPATH"].replace(str(ROOT), str(checkout), 1)}
+        server = launch(folder, checkout, env)
         self.servers.append(server)
         return server
 
@@ -271,11 +332,8 @@ class Bench:
 
     # ---- startup and memory (measured before any load, with nothing else busy)
 
-    def startup(self) -> list[tuple[str, str, str, str, str, str]]:
+    def startup(self) -> list[Extra]:
         repeats = self.args.starts
-        # as installed: pip compiles a package's modules to bytecode; a checkout run with
-        # PYTHONDONTWRITEBYTECODE=1 would compile the server's own modules again at every start
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "runtime")], check=True)
         torch_folder = self.tmp / "torch-examples"
         built = subprocess.run(
             [sys.executable, str(ROOT / "examples" / "torch" / "build.py"), str(torch_folder)],
@@ -288,16 +346,19 @@ class Bench:
         # what torch itself costs: the import, and the import plus loading one exported program
         # (torch.export.load imports torch._dynamo and sympy on first use)
         export = torch_folder / "mlp-export" / "mlp.pt2"
-        commands: dict[str, list[str] | Path] = {
-            "echo": ECHO,
+        commands: dict[str, list[str] | tuple[Path, Path]] = {
+            "echo": (ECHO, ROOT),
             "import torch": [sys.executable, "-c", "import torch"],
-            "torch": torch_folder,
+            "torch": (torch_folder, ROOT),
             "import torch + export.load": [
                 sys.executable,
                 "-c",
                 f"import torch; torch.export.load({str(export)!r}).module()",
             ],
         }
+        if self.baseline is not None:
+            commands["echo before"] = (ECHO, self.baseline)
+            commands["torch before"] = (torch_folder, self.baseline)
         tables: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(repeats):
             for name, command in commands.items():
@@ -306,28 +367,30 @@ class Bench:
                     subprocess.run(command, check=True, cwd=ROOT, capture_output=True)
                     tables[name].append(time.perf_counter() - began)
                 else:
-                    server = start_server(command, timeout=180)
+                    server = launch(*command)
                     tables[name].append(time.perf_counter() - began)  # to ready, not to stopped
                     server.stop()
         medians = {name: statistics.median(values) for name, values in tables.items()}
         echo, torch_start, torch_import = medians["echo"], medians["torch"], medians["import torch"]
         return [
-            (
+            Extra(
                 "cold start to ready, echo model only",
                 f"{echo:.2f} s",
                 "",
                 "",
                 f"<= {START_TARGET_S:.1f} s",
-                _met(echo <= START_TARGET_S),
+                echo <= START_TARGET_S,
+                f"{medians['echo before']:.2f} s" if self.baseline else "",
             ),
-            (
+            Extra(
                 "cold start to ready, torch examples",
                 f"{torch_start:.2f} s",
                 f"import torch {torch_import:.2f} s; with one torch.export.load "
                 f"{medians['import torch + export.load']:.2f} s",
                 f"+{torch_start - torch_import:.2f} s",
                 f"<= import torch + {START_TARGET_S:.1f} s",
-                _met(torch_start <= torch_import + START_TARGET_S),
+                torch_start <= torch_import + START_TARGET_S,
+                f"{medians['torch before']:.2f} s" if self.baseline else "",
             ),
         ]
 
@@ -336,64 +399,62 @@ class Bench:
     def build_rows(self) -> list[Row]:
         args = self.args
         rows: list[Row] = []
+        before = self.baseline is not None
         need_echo = {"rest", "rest-1", "grpc", "memory"} & set(self.rows)
         echo = self.ours(ECHO) if need_echo else None
+        echo_before = self.ours(ECHO, before=True) if need_echo and before else None
         if echo is not None:
             self.idle_rss = rss_mib(echo.process.pid)
+        if echo_before is not None:
+            self.idle_rss_before = rss_mib(echo_before.process.pid)
+        echoes = [("mlserver-like", echo)] + ([("before", echo_before)] if echo_before else [])
         if {"rest", "rest-1"} & set(self.rows) or "memory" in self.rows:
             bare_rest = self.bare("rest")
             self.bare_rss = rss_mib(bare_rest.pid)
-            if echo is not None:
-                self.rest_check = [("mlserver-like", port_of(echo)), ("bare", bare_rest.port)]
+            self.rest_check = [(label, port_of(s)) for label, s in echoes if s is not None]
+            self.rest_check.append(("bare", bare_rest.port))
+        path = "/v2/models/echo/infer"
+        body = echo_body(args.elements)
         for key, clients in (("rest", args.clients), ("rest-1", 1)):
             if key not in self.rows:
                 continue
-            assert echo is not None
-            body = echo_body(args.elements)
-            path = "/v2/models/echo/infer"
-            ours_port, bare_port = port_of(echo), bare_rest.port
-            rows.append(
-                Row(
-                    key,
-                    f"REST infer echo [1,{args.elements}] FP32, {clients} client{'s' * (clients > 1)}",
-                    http_side(
-                        "mlserver-like",
-                        ours_port,
-                        echo.process.pid,
-                        build_request("127.0.0.1", ours_port, path, body),
-                        clients,
-                    ),
-                    http_side(
-                        "bare Starlette + uvicorn",
-                        bare_port,
-                        bare_rest.pid,
-                        build_request("127.0.0.1", bare_port, path, body),
-                        clients,
-                    ),
+            sides = [
+                http_side(
+                    label,
+                    port_of(s),
+                    s.process.pid,
+                    build_request("127.0.0.1", port_of(s), path, body),
+                    clients,
                 )
+                for label, s in echoes
+                if s is not None
+            ]
+            ceiling = http_side(
+                "bare Starlette + uvicorn",
+                bare_rest.port,
+                bare_rest.pid,
+                build_request("127.0.0.1", bare_rest.port, path, body),
+                clients,
             )
+            work = f"REST infer echo [1,{args.elements}] FP32, {clients} client{'s' * (clients > 1)}"
+            rows.append(Row(key, work, sides[0], ceiling, sides[1] if before else None))
         if "grpc" in self.rows:
-            assert echo is not None
             from runtime.grpc.generated import dataplane_pb2 as pb
 
             bare_grpc = self.bare("grpc")
             request = pb.ModelInferRequest(model_name="echo", id="bench")
             request.inputs.add(name="x", datatype="FP32", shape=[1, args.elements])
             request.raw_input_contents.append(np.arange(args.elements, dtype=np.float32).tobytes())
-            self.grpc_targets = [GrpcTarget(echo.grpc_address), GrpcTarget(f"127.0.0.1:{bare_grpc.port}")]
-            ours_side = grpc_side(
-                "mlserver-like", self.grpc_targets[0], echo.process.pid, request, args.clients
-            )
-            bare_side = grpc_side("bare grpc.aio", self.grpc_targets[1], bare_grpc.pid, request, args.clients)
             self.grpc_request = request
-            rows.append(
-                Row(
-                    "grpc",
-                    f"gRPC ModelInfer echo [1,{args.elements}] FP32, {args.clients} in flight",
-                    ours_side,
-                    bare_side,
-                )
-            )
+            sides = []
+            for label, server in [*echoes, ("bare grpc.aio", None)]:
+                address = server.grpc_address if server is not None else f"127.0.0.1:{bare_grpc.port}"
+                pid = server.process.pid if server is not None else bare_grpc.pid
+                target = GrpcTarget(address)
+                self.grpc_targets.append(target)
+                sides.append(grpc_side(label, target, pid, request, args.clients))
+            work = f"gRPC ModelInfer echo [1,{args.elements}] FP32, {args.clients} in flight"
+            rows.append(Row("grpc", work, sides[0], sides[-1], sides[1] if before else None))
         if "torch" in self.rows:
             rows.append(self.torch_row())
         if "sequence" in self.rows:
@@ -418,25 +479,30 @@ class Bench:
         }
         (folder / "mlp" / "model-settings.json").write_text(json.dumps(settings))
         env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
-        ours = self.ours(folder, env)
+        servers = [("mlserver-like", self.ours(folder, env))]
+        if self.baseline is not None:
+            servers.append(("before", self.ours(folder, env, before=True)))
         bare = self.bare("torch", "--width", str(width), "--hidden", str(hidden), "--threads", "1")
         rng = np.random.default_rng(1)
         rows = [rng.standard_normal((1, width), dtype=np.float32) for _ in range(args.torch_clients)]
-        self.torch_check = (ours, bare, rows[0])
+        self.torch_check = ([port_of(s) for _, s in servers] + [bare.port], rows[0])
 
         def scripts(port: int) -> Callable[[], list[Script]]:
             return lambda: [Script(binary_request("127.0.0.1", port, "mlp", r)) for r in rows]
 
+        sides = [
+            http_side(label, port_of(s), s.process.pid, scripts(port_of(s)), args.torch_clients)
+            for label, s in servers
+        ]
         return Row(
             "torch",
             f"torch MLP {width}-{hidden}-{width}, {args.torch_clients} clients, REST binary, adaptive batching "
             f"(max {args.max_batch_size}, {args.max_batch_time * 1000:g} ms)",
-            http_side(
-                "mlserver-like", port_of(ours), ours.process.pid, scripts(port_of(ours)), args.torch_clients
-            ),
+            sides[0],
             http_side(
                 "bare unbatched Starlette", bare.port, bare.pid, scripts(bare.port), args.torch_clients
             ),
+            sides[1] if len(sides) > 1 else None,
         )
 
     def sequence_row(self) -> Row:
@@ -444,37 +510,49 @@ class Bench:
         folder = self.tmp / "sequences"
         shutil.copytree(BENCH_MODELS / "running-sum", folder / "running-sum")
         shutil.copytree(ECHO, folder / "echo")
-        ours = self.ours(folder)
-        port = port_of(ours)
         body = orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]})
         path = "/v2/models/running-sum/infer"
         counter = iter(range(1 << 30))
 
-        def sequences() -> list[Script]:
-            scripts = []
-            for _ in range(args.sequences):
-                sid = f"s{next(counter)}"
-                head = {"ts_request_sequence_id": sid}
-                scripts.append(
-                    Script(
-                        build_request("127.0.0.1", port, path, body, head),
-                        first=build_request(
-                            "127.0.0.1", port, path, body, {**head, "ts_request_sequence_start": "true"}
-                        ),
-                        last=build_request(
-                            "127.0.0.1", port, path, body, {**head, "ts_request_sequence_end": "true"}
-                        ),
+        def sequences(port: int) -> Callable[[], list[Script]]:
+            def scripts() -> list[Script]:
+                made = []
+                for _ in range(args.sequences):
+                    head = {"ts_request_sequence_id": f"s{next(counter)}"}
+                    made.append(
+                        Script(
+                            build_request("127.0.0.1", port, path, body, head),
+                            first=build_request(
+                                "127.0.0.1", port, path, body, {**head, "ts_request_sequence_start": "true"}
+                            ),
+                            last=build_request(
+                                "127.0.0.1", port, path, body, {**head, "ts_request_sequence_end": "true"}
+                            ),
+                        )
                     )
-                )
+                return made
+
             return scripts
 
-        self.sequence_check = (port, path, body)
-        echo = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
+        pairs = []
+        for before in [False] + ([True] if self.baseline is not None else []):
+            server = self.ours(folder, before=before)
+            port, pid = port_of(server), server.process.pid
+            echo = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
+            pairs.append(
+                (
+                    http_side("sequences", port, pid, sequences(port), args.sequences),
+                    http_side("stateless echo, same server", port, pid, echo, args.sequences),
+                )
+            )
+        self.sequence_check = ([port_of(s) for s in self.servers[-len(pairs) :]], path, body)
         return Row(
             "sequence",
             f"running-sum sequences, {args.sequences} concurrent, REST headers (vs stateless echo)",
-            http_side("mlserver-like sequences", port, ours.process.pid, sequences, args.sequences),
-            http_side("stateless echo, same server", port, ours.process.pid, echo, args.sequences),
+            pairs[0][0],
+            pairs[0][1],
+            pairs[1][0] if len(pairs) > 1 else None,
+            pairs[1][1] if len(pairs) > 1 else None,
         )
 
     # ---- checks: every side gives the right answer before anything is counted
@@ -498,38 +576,40 @@ class Bench:
                 if list(response.raw_output_contents) != list(self.grpc_request.raw_input_contents):
                     raise RuntimeError(f"gRPC echo answered {response}")
         if "torch" in keys:
-            ours, bare, x = self.torch_check
+            ports, x = self.torch_check
             outputs = []
-            for port in (port_of(ours), bare.port):
+            for port in ports:
                 status, headers, body = await exchange(
                     "127.0.0.1", port, binary_request("127.0.0.1", port, "mlp", x)
                 )
                 if status != 200:
                     raise RuntimeError(f"torch MLP answered {status}: {body[:300]!r}")
                 outputs.append(binary_output(headers, body))
-            if outputs[0].shape != outputs[1].shape or not np.allclose(outputs[0], outputs[1], atol=1e-4):
-                raise RuntimeError("the server's MLP and the bare one disagree")
+            for output in outputs[1:]:
+                if output.shape != outputs[0].shape or not np.allclose(output, outputs[0], atol=1e-4):
+                    raise RuntimeError("the server's MLP and the bare one disagree")
         if "sequence" in keys:
-            port, path, body = self.sequence_check
-            head = {"ts_request_sequence_id": "check"}
-            totals = []
-            for extra in ({"ts_request_sequence_start": "true"}, {}, {"ts_request_sequence_end": "true"}):
-                status, _, answer = await exchange(
-                    "127.0.0.1", port, build_request("127.0.0.1", port, path, body, {**head, **extra})
-                )
-                if status != 200:
-                    raise RuntimeError(f"running-sum answered {status}: {answer[:300]!r}")
-                totals.append(orjson.loads(answer)["outputs"][0]["data"][0])
-            if totals != [1, 2, 3]:
-                raise RuntimeError(f"running-sum totals {totals}, expected [1, 2, 3]")
+            ports, path, body = self.sequence_check
+            for port in ports:
+                head = {"ts_request_sequence_id": "check"}
+                totals = []
+                for extra in ({"ts_request_sequence_start": "true"}, {}, {"ts_request_sequence_end": "true"}):
+                    status, _, answer = await exchange(
+                        "127.0.0.1", port, build_request("127.0.0.1", port, path, body, {**head, **extra})
+                    )
+                    if status != 200:
+                        raise RuntimeError(f"running-sum answered {status}: {answer[:300]!r}")
+                    totals.append(orjson.loads(answer)["outputs"][0]["data"][0])
+                if totals != [1, 2, 3]:
+                    raise RuntimeError(f"running-sum totals {totals}, expected [1, 2, 3]")
 
     async def measure(self, rows: list[Row]) -> None:
         await self.check(rows)
         args = self.args
         for round_ in range(args.rounds):
             for row in rows:
-                sides = (row.ours, row.ceiling) if round_ % 2 == 0 else (row.ceiling, row.ours)
-                for side in sides:
+                sides = row.sides()
+                for side in sides if round_ % 2 == 0 else reversed(sides):
                     side.results.append(await side.load(args.seconds, args.warmup))
             print(f"  round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         for target in self.grpc_targets:
@@ -550,11 +630,13 @@ def _cpu(result: list[Result]) -> str:
     return f"{statistics.median(values) * 1e6:.0f}" if values else "-"
 
 
-def print_table(rows: list[Row], extra: list[tuple[str, str, str, str, str, str]]) -> bool:
+def print_table(rows: list[Row], extra: list[Extra], before: bool) -> bool:
     header = (
         "| work | mlserver-like | ceiling | ratio (per round) | target | p50 / p99 ms | ceiling p50 / p99 ms "
-        "| server CPU us/req | |"
+        "| server CPU us/req (ours vs ceiling) | |"
     )
+    if before:
+        header += " before (--baseline) |"
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     all_met = True
@@ -563,18 +645,26 @@ def print_table(rows: list[Row], extra: list[tuple[str, str, str, str, str, str]
         met = ratio >= target
         all_met &= met
         rounds = ", ".join(f"{r:.2f}" for r in row.ratios())
-        errors = sum(r.errors for r in row.ours.results + row.ceiling.results)
-        print(
+        errors = sum(r.errors for side in row.sides() for r in side.results)
+        line = (
             f"| {row.work} | {row.ours.mean():.0f}/s | {row.ceiling.label}: {row.ceiling.mean():.0f}/s "
             f"| **{ratio:.2f}** ({rounds}) | >= {target:g} | {_ms(row.ours.results)} | {_ms(row.ceiling.results)} "
             f"| {_cpu(row.ours.results)} vs {_cpu(row.ceiling.results)} | {_met(met)}"
             f"{f', {errors} errors' if errors else ''} |"
         )
-    for work, ours, ceiling, ratio, target, met in extra:
-        all_met &= met == "met"
-        print(f"| {work} | {ours} | {ceiling} | {ratio} | {target} | | | | {met} |")
+        if before and row.before is not None:
+            rounds = ", ".join(f"{r:.2f}" for r in row.ratios(before=True))
+            line += (
+                f" {row.before.mean():.0f}/s, ratio {row.ratio(before=True):.2f} ({rounds}), "
+                f"p50 / p99 {_ms(row.before.results)} ms, CPU {_cpu(row.before.results)} us/req |"
+            )
+        print(line)
+    for item in extra:
+        all_met &= item.met
+        line = f"| {item.work} | {item.ours} | {item.ceiling} | {item.ratio} | {item.target} | | | | {_met(item.met)} |"
+        print(line + (f" {item.before} |" if before else ""))
     for row in rows:
-        for side in (row.ours, row.ceiling):
+        for side in row.sides():
             first = next((r.first_error for r in side.results if r.first_error), "")
             if first:
                 print(f"{row.key} ({side.label}): first error: {first}")
@@ -607,6 +697,11 @@ def main() -> int:
     parser.add_argument("--max-concurrent-batches", type=int, default=1, help="torch row")
     parser.add_argument("--sequences", type=int, default=128, help="sequence row: concurrent sequences")
     parser.add_argument("--no-pin", action="store_true", help="leave every process on every core")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another checkout of this project (git worktree add DIR COMMIT): its server measured beside",
+    )
     args = parser.parse_args()
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(args.only) - set(ROWS)
@@ -634,13 +729,14 @@ def main() -> int:
         rows = bench.build_rows()
         if "memory" in args.only:
             extra.append(
-                (
+                Extra(
                     "idle RSS, echo model only",
                     f"{bench.idle_rss:.0f} MiB",
                     f"bare Starlette {bench.bare_rss:.0f} MiB",
                     "",
                     f"<= {RSS_TARGET_MIB:.0f} MiB",
-                    _met(bench.idle_rss <= RSS_TARGET_MIB),
+                    bench.idle_rss <= RSS_TARGET_MIB,
+                    f"{bench.idle_rss_before:.0f} MiB" if bench.baseline else "",
                 )
             )
         bench.pin_all()
@@ -649,7 +745,7 @@ def main() -> int:
 
             uvloop.run(bench.measure(rows))
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
-        met = print_table(rows, extra)
+        met = print_table(rows, extra, bench.baseline is not None)
     finally:
         bench.close()
     print("every target met" if met else "some targets not met")
