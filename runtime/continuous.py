@@ -68,7 +68,7 @@ import numpy as np
 
 from .errors import ModelFailed
 from .model import MLModel
-from .sequences.model import EndReason
+from .sequences.sequence_model import EndReason
 from .tensors import output_array
 from .types import InferenceRequest, InferenceResponse, ResponseOutput
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from .errors import InvalidInput, ModelFailed, ModelNotFound, ShuttingDown
+from .errors import InvalidInput, ModelFailed, ModelNotFound, RequestTimeout, ShuttingDown
 from .generate import (
     GenerateRequest,
     GenerateResponse,
@@ -23,8 +23,10 @@ from .generate import (
     wants_details,
 )
 from .model_config import model_config
+from .observability.observer import Observer
 from .registry import ModelEntry, Registry
-from .repository import RepositoryError, settings_in_repository
+from .repository import RepositoryError, relative_paths, settings_in_repository
+from .scheduling.queueing import queue_timeout
 from .settings import ModelSettings, Settings
 from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
 from .streams.pipeline import StreamCounter, StreamError, StreamSession, assign_id, sort_error
@@ -58,6 +60,16 @@ class DataPlane:
         self.draining = False
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
+        self.observer: Observer | None = None
+        """Metrics and traces of requests and streams (None: both off); see runtime.observability."""
+        self.expected: set[tuple[str, str | None]] = set()
+        """The models (name, version) asked for at startup, which strict readiness waits for."""
+        self.unreadable: set[str] = set()
+        """Folders whose model-settings.json could not be read at startup (strict readiness fails)."""
+        self._unary: set[asyncio.Task[Any]] = set()
+        """The tasks serving a unary request now (``infer``)."""
+        self._cut: set[asyncio.Task[Any]] = set()
+        """Those of them that ``cut_unary`` cancelled."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -65,7 +77,23 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self.started and not self.draining and self.registry.all_ready()
+        """Whether the server takes traffic: see ``Settings.strict_readiness`` and the README's Health."""
+        if not self.started or self.draining:
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        entries = self.registry.entries()
+        if not entries and self.settings.load_models_at_startup:
+            return False  # nothing to serve: an empty repository, or every model unloaded
+        if self.unreadable or not all(entry.ready for entry in entries):
+            return False
+        loaded = {(entry.name, entry.version) for entry in entries}
+        return self.expected <= loaded
+
+    def expect(self, models: list[ModelSettings], unreadable: list[str]) -> None:
+        """Record the models asked for at startup (and the folders whose settings could not be read)."""
+        self.expected = {(m.name, m.version) for m in models}
+        self.unreadable = set(unreadable)
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
@@ -113,17 +141,59 @@ class DataPlane:
         self, request: InferenceRequest, name: str, version: str | None = None
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
+        if self.observer is not None:
+            return await self.observer.infer(name, version, self._infer(request, name, version))
+        return await self._infer(request, name, version)
+
+    async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:
         entry = self._entry(name, version)
         prepare_request(request, entry)
         assert entry.scheduler is not None
+        limit = queue_timeout(request, entry.settings.request_timeout)
+        task = asyncio.current_task()
+        assert task is not None
+        self._unary.add(task)
         try:
-            response = await entry.scheduler.infer(request)
+            if limit is None:
+                response = await entry.scheduler.infer(request)
+            else:
+                async with asyncio.timeout(limit) as deadline:
+                    response = await entry.scheduler.infer(request)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise
+            task.uncancel()
+            logger.warning(
+                "Request %s for model %r cancelled: still running when the shutdown grace period ended",
+                request.id or "(no id)",
+                name,
+            )
+            raise ShuttingDown(
+                f"The server is shutting down: the request for model {name!r} was cancelled "
+                "when the shutdown grace period ended"
+            ) from None
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and limit is not None and deadline.expired():
+                raise RequestTimeout(
+                    f"The request to model {name!r} timed out: it took longer than its timeout of "
+                    f"{limit:g}s, and its work was cancelled"
+                ) from None
             error = sort_error(name, exc)
             if error is exc:
                 raise
             raise error from exc
+        finally:
+            self._unary.discard(task)
+            self._cut.discard(task)
         return finish_response(response, request, entry)
+
+    def cut_unary(self) -> int:
+        """Cancel the unary requests still running (the shutdown grace period is over): each one's
+        caller gets ``ShuttingDown``. Return how many were cancelled."""
+        for task in self._unary:
+            self._cut.add(task)
+            task.cancel()
+        return len(self._unary)
 
     async def infer_stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
@@ -197,12 +267,23 @@ class DataPlane:
             lambda response, request: finish_response(response, request, entry),
         )
         self.streams.opened()
+        observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
+        ended = False  # the stream ran to its end, or ended with its error: not left by the client
         try:
             async with aclosing(session.run(in_band)) as items:
                 async for item in items:
+                    if observed is not None:
+                        observed.event()
+                        ended = not in_band and isinstance(item, StreamError)
                     yield item
+            ended = True
+        except Exception:
+            ended = True
+            raise
         finally:
             self.streams.closed()
+            if observed is not None:
+                observed.close(cancelled=not ended)
 
     # ------------------------------------------------------------------ model repository
 
@@ -233,17 +314,22 @@ class DataPlane:
             entry = await self.registry.load(model_settings)
             if entry.state is State.UNAVAILABLE:
                 raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
+        self.unreadable.discard(name)
 
     async def repository_unload(self, name: str) -> None:
-        """Unload every version of ``name``; ModelNotFound when none is loaded."""
+        """Unload every version of ``name``; ModelNotFound when none is loaded.
+
+        Strict readiness stops waiting for it: the model was asked to leave.
+        """
         await self.registry.unload(name)
+        self.expected = {key for key in self.expected if key[0] != name}
 
     async def _read_repository(self, name: str | None) -> list[ModelSettings]:
         root = self.settings.model_repository_root
         try:
             return await asyncio.to_thread(settings_in_repository, root, name)
         except RepositoryError as exc:
-            raise ModelFailed(f"Cannot read the model repository: {exc}") from exc
+            raise ModelFailed(f"Cannot read the model repository: {relative_paths(str(exc), root)}") from exc
 
 
 # ---------------------------------------------------------------------- request and response checks
@@ -260,7 +346,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
         if declared:
             _check_declared(inp, declared, entry.name)
         inp.data = input_array(inp)
-    if declared:
+    if declared and entry.settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
             raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")

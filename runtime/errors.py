@@ -11,16 +11,30 @@ its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/erro
     ├── Unavailable           the server cannot take this work now                  503 / UNAVAILABLE
     │   ├── ModelNotReady     the model exists but is not ready (loading, failed)
     │   ├── Overloaded        a queue or a capacity limit is full
-    │   ├── QueueTimeout      the request waited longer than its timeout
+    │   ├── RequestTimeout    the request took longer than its timeout (running or queued)
+    │   │   └── QueueTimeout  it waited in a queue for longer than its timeout
     │   └── ShuttingDown      the server is draining
     ├── ModelFailed           the model raised; the cause is chained                500 / INTERNAL
     └── Cancelled             the caller went away or cancelled                     499 / CANCELLED
+
+Messages quote client-given names through ``shown``, cut to ``NAME_SHOWN`` characters, so that an
+absurd name cannot make an error too big to send (gRPC's status message travels in metadata).
 
 A model may raise ``InvalidInput`` itself to tell the client that its request was at fault.
 Anything else a model raises becomes ``ModelFailed`` at one place (``runtime.dataplane``).
 """
 
 from __future__ import annotations
+
+NAME_SHOWN = 200
+"""Most characters of a client-given name quoted in an error message."""
+
+
+def shown(name: str) -> str:
+    """``name`` quoted for an error message, cut to ``NAME_SHOWN`` characters."""
+    if len(name) <= NAME_SHOWN:
+        return repr(name)
+    return f"{name[:NAME_SHOWN]!r}… ({len(name)} characters)"
 
 
 class ServerError(Exception):
@@ -51,9 +65,9 @@ class ModelNotFound(ServerError):
 
     def __init__(self, name: str, version: str | None = None) -> None:
         if version:
-            super().__init__(f"Model {name!r} with version {version!r} not found")
+            super().__init__(f"Model {shown(name)} with version {shown(version)} not found")
         else:
-            super().__init__(f"Model {name!r} not found")
+            super().__init__(f"Model {shown(name)} not found")
         self.name = name
         self.version = version
 
@@ -70,7 +84,12 @@ class Overloaded(Unavailable):
     """A bounded queue or a capacity limit is full."""
 
 
-class QueueTimeout(Unavailable):
+class RequestTimeout(Unavailable):
+    """The request took longer than its timeout allowed (the model's ``request_timeout`` or the
+    request's own OIP ``timeout`` parameter); its work was cancelled."""
+
+
+class QueueTimeout(RequestTimeout):
     """The request waited in a queue for longer than its timeout allowed."""
 
 
@@ -95,8 +114,10 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "QueueTimeout",
+    "RequestTimeout",
     "SequenceError",
     "ServerError",
     "ShuttingDown",
     "Unavailable",
+    "shown",
 ]

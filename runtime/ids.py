@@ -1,7 +1,10 @@
-"""Server-made ids for requests that came without one (uuid4 text, made without uuid's overhead)."""
+"""Server-made ids: for requests that came without one (uuid4 text, made without uuid's overhead),
+and for sequences started without one (from the ``secrets`` module: a sequence id is all a client
+needs to send requests into that sequence and read its state, so it must not be guessable)."""
 
 from __future__ import annotations
 
+import secrets
 from random import getrandbits
 
 _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_000000000000)
@@ -9,6 +12,15 @@ _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_
 
 def new_id() -> str:
     """A random version-4 UUID in its usual text form (not for secrets: ids only need to be unique)."""
-    value = (getrandbits(128) & _VERSION_4[0]) | _VERSION_4[1]
+    return _uuid_text(getrandbits(128))
+
+
+def new_secret_id() -> str:
+    """A version-4 UUID from a cryptographically strong source (``secrets``), for ids that grant access."""
+    return _uuid_text(secrets.randbits(128))
+
+
+def _uuid_text(bits: int) -> str:
+    value = (bits & _VERSION_4[0]) | _VERSION_4[1]
     text = f"{value:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"

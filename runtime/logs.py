@@ -1,4 +1,5 @@
-"""The server's logging set-up: one handler on stderr, or the user's dictConfig."""
+"""The server's logging set-up: one handler on stderr (text, or JSON lines with
+``use_structured_logging``), or the user's dictConfig."""
 
 from __future__ import annotations
 
@@ -21,10 +22,16 @@ def configure_logging(settings: Settings) -> None:
         logging.config.dictConfig(config)
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(FORMAT))
-    for name in ("runtime", "uvicorn", "uvicorn.error"):
+    if settings.use_structured_logging:
+        from .observability.logging import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(FORMAT))
+    for name in ("runtime", "uvicorn", "uvicorn.error", "grpc", "opentelemetry"):
         log = logging.getLogger(name)
         log.handlers[:] = [handler]
         log.setLevel(level)
         log.propagate = False
-    logging.getLogger("uvicorn.access").setLevel(logging.INFO if settings.access_log else logging.WARNING)
+    # the access log is the server's own (runtime.access: REST, gRPC and streams), not uvicorn's
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

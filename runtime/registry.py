@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
 from .errors import InvalidInput, ModelNotFound, ModelNotReady
 from .model import MLModel
-from .repository import import_model_class
+from .repository import import_model_class, relative_paths
 from .scheduling import Scheduler, make_scheduler
 from .settings import ModelSettings
 from .types import RepositoryIndexResponseItem, State
@@ -57,7 +58,9 @@ def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
 class Registry:
     """Loaded models by name and version."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = root
+        """The model repository's folder: paths under it are shown relative to it in reasons."""
         self._entries: dict[str, dict[str | None, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -129,7 +132,7 @@ class Registry:
                 await self._start(entry)
             except Exception as exc:
                 entry.state = State.UNAVAILABLE
-                entry.reason = f"failed to load: {type(exc).__name__}: {exc}"
+                entry.reason = relative_paths(f"failed to load: {type(exc).__name__}: {exc}", self.root)
                 logger.error("Model %r (version %s) %s", settings.name, settings.version, entry.reason)
                 if old is not None and old.ready:
                     return entry  # keep serving the old one
@@ -165,6 +168,7 @@ class Registry:
         try:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
+                entry.scheduler.executor.close()
             if entry.model is not None:
                 entry.model.ready = False
                 await entry.model.unload()

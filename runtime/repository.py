@@ -16,8 +16,30 @@ from .settings import MODEL_ENV_PREFIX, MODEL_SETTINGS_FILENAME, ModelSettings
 logger = logging.getLogger(__name__)
 
 
+_SEPARATORS = frozenset("/\\\0")
+
+
 class RepositoryError(Exception):
     """A model folder that cannot be read; the other models still load."""
+
+
+def relative_paths(text: str, root: str | os.PathLike[str] | None) -> str:
+    """``text`` with every path under the model repository ``root`` written relative to it.
+
+    Error bodies go to clients, which have no business knowing where the repository lies on the
+    server's disk (and do not need to: the repository's own layout names the file).
+    """
+    if root is None or not text:
+        return text
+    given = Path(root)
+    prefixes = {str(given.absolute()), str(given.resolve())}
+    if given.is_absolute():
+        prefixes.add(str(given))
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        if prefix in ("/", ""):
+            continue
+        text = text.replace(prefix + os.sep, "").replace(prefix, ".")
+    return text
 
 
 def find_model_settings(root: str | os.PathLike[str]) -> list[Path]:
@@ -42,7 +64,10 @@ def read_repository(root: str | os.PathLike[str]) -> tuple[list[ModelSettings], 
         except Exception as exc:
             broken.append((path, str(exc)))
     if not found and not broken and f"{MODEL_ENV_PREFIX}IMPLEMENTATION" in os.environ:
-        found.append(ModelSettings())
+        try:
+            found.append(ModelSettings.from_environment())
+        except Exception as exc:
+            broken.append((Path(f"{MODEL_ENV_PREFIX}* variables"), str(exc)))
     return found, broken
 
 
@@ -68,17 +93,33 @@ def import_model_class(settings: ModelSettings) -> type:
 
     ``module.Class`` whose module is a .py file in the model's folder is loaded from that file,
     under a name unique to the folder, so that two models may both keep their code in model.py.
+    ``.module.Class`` (a leading dot) names a file of the model's folder only. Either way the file
+    must lie inside the model's folder: a path that escapes it (``..evil.Model``) is refused.
     Anything else is imported normally.
     """
     implementation = settings.implementation
     if isinstance(implementation, type):
         return implementation
     module_name, _, class_name = implementation.rpartition(".")
-    if not module_name:
-        raise RepositoryError(f"implementation {implementation!r} must be a dotted path: module.Class")
+    relative = module_name.startswith(".")
+    module_name = module_name[1:] if relative else module_name
+    if relative and module_name.startswith("."):
+        raise RepositoryError(
+            f"implementation {implementation!r} refers outside the model's folder: "
+            "a leading dot names a file of the model's own folder, more dots are refused"
+        )
+    parts = module_name.split(".")
+    if not class_name or not all(part and not _SEPARATORS.intersection(part) for part in parts):
+        raise RepositoryError(
+            f"implementation {implementation!r} must be a dotted path: module.Class "
+            "(or .module.Class for a file of the model's folder)"
+        )
     folder = settings.folder
-    local = folder / (module_name.replace(".", "/") + ".py") if folder else None
-    if local is not None and local.is_file():
+    local = _local_file(folder, parts, implementation) if folder is not None else None
+    if relative and local is None:
+        where = f"in the model's folder {_shown(folder)}" if folder else "(the model has no folder)"
+        raise RepositoryError(f"implementation {implementation!r}: no file {'/'.join(parts)}.py {where}")
+    if local is not None:
         assert folder is not None
         module = _load_local(local, module_name, folder)
     else:
@@ -90,6 +131,23 @@ def import_model_class(settings: ModelSettings) -> type:
     if not isinstance(cls, type):
         raise RepositoryError(f"{implementation!r} is not a class")
     return cls
+
+
+def _local_file(folder: Path, parts: list[str], implementation: str) -> Path | None:
+    """The model's own file named by ``parts`` (None if there is none); refuses one outside ``folder``."""
+    path = folder.joinpath(*parts[:-1], parts[-1] + ".py")
+    if not path.is_file():
+        return None
+    inside = folder.resolve()
+    if not path.resolve().is_relative_to(inside):
+        raise RepositoryError(
+            f"implementation {implementation!r} resolves outside the model's folder {_shown(folder)}"
+        )
+    return path
+
+
+def _shown(folder: Path | None) -> str:
+    return repr(folder.name) if folder is not None else "''"
 
 
 def _load_local(path: Path, module_name: str, folder: Path) -> ModuleType:

@@ -2,7 +2,8 @@
 
 On SIGTERM or SIGINT the server stops accepting connections and calls on both ports, lets
 in-flight requests and streams finish within ``shutdown_grace_period``, unloads every model and
-returns, so the process exits 0.
+returns, so the process exits 0. A unary request still running when the grace period ends is
+cancelled and answered 503 / UNAVAILABLE ("shutting down").
 """
 
 from __future__ import annotations
@@ -14,18 +15,28 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import GrpcServer
+from .model import MLModel
+from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
-from .rest.protocol import HttpProtocol
+from .rest.protocol import guarded_protocol
 from .settings import ModelSettings, Settings
+from .watchdog import LoopWatchdog
 
 logger = logging.getLogger("runtime.server")
+
+CUT_MARGIN = 1.0
+"""Seconds past ``shutdown_grace_period`` that REST and gRPC wait before they drop connections and
+calls: unary requests still running at the end of the grace period are cancelled first, so that
+their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
 
 
 class _Uvicorn(uvicorn.Server):
@@ -49,49 +60,50 @@ def bind(host: str, port: int) -> socket.socket:
 class Server:
     """One process serving the models of a repository over REST and gRPC."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.registry = Registry()
+        self.registry = Registry(settings.model_repository_root)
         self.dataplane = DataPlane(settings, self.registry)
+        self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
         self._grpc: GrpcServer | None = None
         self._http: _Uvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self._metrics: _Uvicorn | None = None
+        self._metrics_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._watchdog: LoopWatchdog | None = None
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
+        broken: list[tuple[Path, str]] = []
         if models is None:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
         """Load the models (unless told not to) and start listening."""
         if self.settings.load_models_at_startup or models is not None:
             await self.load_models(models)
-        app = create_app(self.dataplane)
-        config = uvicorn.Config(
-            app,
-            lifespan="off",
-            log_config=None,
-            access_log=self.settings.access_log,
-            root_path=self.settings.root_path,
-            timeout_graceful_shutdown=self.settings.shutdown_grace_period,  # type: ignore[arg-type]
-            http=HttpProtocol,  # httptools, one write per response
-            loop="none",
-            server_header=False,
-        )
-        sock = bind(self.settings.host, self.settings.http_port)
-        self.http_port = sock.getsockname()[1]
-        self._http = _Uvicorn(config)
-        config.load()
-        self._http.lifespan = config.lifespan_class(config)
-        await self._http.startup(sockets=[sock])
-        self._http_task = asyncio.create_task(self._run_http(sock))
+        self.observability.start()
+        app = self.observability.wrap_rest(create_app(self.dataplane))
+        self._http, self._http_task, self.http_port = await self._serve_http(app, self.settings.http_port)
         logger.info("HTTP server listening on http://%s:%d", self.settings.host, self.http_port)
-        self._grpc = GrpcServer(self.dataplane, self.settings)
+        if self.observability.metrics_app is not None:
+            served = await self._serve_http(self.observability.metrics_app, self.settings.metrics_port)
+            self._metrics, self._metrics_task, self.metrics_port = served
+            logger.info(
+                "Metrics served on http://%s:%d%s",
+                self.settings.host,
+                self.metrics_port,
+                self.settings.metrics_endpoint,
+            )
+        self._grpc = GrpcServer(self.dataplane, self.settings, self.observability.grpc_interceptors())
         self.grpc_port = await self._grpc.start()
         # What was loaded so far (frameworks, weights) lives until exit: move it out of the
         # collector's reach, so that full collections stay short on the serving path. Collecting
@@ -99,21 +111,54 @@ class Server:
         # walk every object of the frameworks (some 300 000 with torch: a quarter of a second).
         gc.collect(1)
         gc.freeze()
+        if self.settings.loop_block_warning > 0:
+            self._watchdog = LoopWatchdog(self.settings.loop_block_warning, self._models)
+            self._watchdog.start()
         self.dataplane.started = True
+        await self._grpc.health.refresh()
 
-    async def _run_http(self, sock: socket.socket) -> None:
-        assert self._http is not None
-        await self._http.main_loop()
-        await self._http.shutdown(sockets=[sock])
+    async def _serve_http(self, app: Any, port: int) -> tuple[_Uvicorn, asyncio.Task[None], int]:
+        """Serve an ASGI app with uvicorn in this loop on ``settings.host:port``; return it and its port."""
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,  # the access log is the server's own (runtime.observability)
+            root_path=self.settings.root_path,
+            timeout_graceful_shutdown=self.settings.shutdown_grace_period + CUT_MARGIN,  # type: ignore[arg-type]
+            http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),
+            timeout_keep_alive=self.settings.http_keepalive_timeout,  # type: ignore[arg-type]
+            loop="none",
+            server_header=False,
+        )
+        sock = bind(self.settings.host, port)
+        server = _Uvicorn(config)
+        config.load()
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        task = asyncio.create_task(self._run_http(server, sock))
+        return server, task, sock.getsockname()[1]
+
+    @staticmethod
+    async def _run_http(server: _Uvicorn, sock: socket.socket) -> None:
+        await server.main_loop()
+        await server.shutdown(sockets=[sock])
+
+    def _models(self) -> list[MLModel]:
+        return [entry.model for entry in self.registry.entries() if entry.model is not None]
 
     def endpoints(self) -> str:
-        """``http=HOST:PORT`` (and ``grpc=HOST:PORT`` when gRPC is served), space-separated."""
+        """``http=HOST:PORT`` (and ``grpc=``, ``metrics=`` when served), space-separated."""
         endpoints = f"http={self.settings.host}:{self.http_port}"
         if self.grpc_port is not None:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
+        if self.metrics_port is not None:
+            endpoints += f" metrics={self.settings.host}:{self.metrics_port}"
         return endpoints
 
     def request_stop(self) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()  # a second signal cuts drain_delay short
         self._stopping.set()
 
     async def wait(self) -> None:
@@ -121,18 +166,38 @@ class Server:
 
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
-        self.dataplane.draining = True
-        self.dataplane.streams.cut_after(self.settings.shutdown_grace_period)  # streams end in band
+        self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
+        if self.settings.drain_delay and self.dataplane.started:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
+        grace = self.settings.shutdown_grace_period
+        self.dataplane.streams.cut_after(grace)  # streams end in band
+        cut = asyncio.get_running_loop().call_later(grace, self._cut, grace)
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
-            draining.append(self._grpc.stop(self.settings.shutdown_grace_period))
+            draining.append(self._grpc.stop(grace + CUT_MARGIN))
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             draining.append(self._http_task)
         await asyncio.gather(*draining)
+        cut.cancel()
         await self._wait_streams()
         await self.registry.unload_all()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._metrics is not None and self._metrics_task is not None:  # scrapable until the end
+            self._metrics.should_exit = True
+            await self._metrics_task
+        self.observability.stop()
         logger.info("Server stopped")
+
+    def _cut(self, grace: float) -> None:
+        cut = self.dataplane.cut_unary()
+        if cut:
+            logger.warning("%d request(s) still running after the grace period of %gs: cancelled", cut, grace)
 
     async def _wait_streams(self, timeout: float = 5.0) -> None:
         """Let streams cut at the end of the grace period close their models' generators first."""

@@ -25,6 +25,8 @@ SETTINGS_FILENAME = "settings.json"
 MODEL_SETTINGS_FILENAME = "model-settings.json"
 ENV_PREFIX = "MLSERVER_"
 MODEL_ENV_PREFIX = "MLSERVER_MODEL_"
+MODEL_ENV_PARAMETERS = ("uri", "version", "format", "content_type", "extra")
+"""Parameters read from ``MLSERVER_MODEL_<NAME>`` directly (no ``PARAMETERS__``), as MLServer does."""
 
 
 class Settings(BaseSettings):
@@ -76,13 +78,62 @@ class Settings(BaseSettings):
     """Level of the server's own logs."""
 
     access_log: bool = False
-    """Log every HTTP request (off by default: it costs throughput)."""
+    """Log one line per REST request, gRPC call and stream (logger ``runtime.access``): time,
+    transport, route or RPC, model, version, status, duration, request id, sequence id and trace
+    id. Off by default: it costs throughput."""
+
+    use_structured_logging: bool = False
+    """Write every log line as one JSON object (MLServer's name), access log lines included."""
+
+    metrics_endpoint: str | None = "/metrics"
+    """Path of the Prometheus metrics, served on ``metrics_port``; empty (or null) turns metrics off
+    (nothing is counted then)."""
+
+    metrics_port: int = Field(default=8082, ge=0, le=65535)
+    """Port of the Prometheus metrics server; 0 picks a free port (the chosen one is logged)."""
+
+    tracing_server: str | None = None
+    """OTLP endpoint the OpenTelemetry traces are exported to, e.g. ``http://collector:4318`` (OTLP
+    over HTTP) or ``collector:4317`` (OTLP over gRPC). Needs the ``tracing`` extra. Unset: traces
+    are on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
 
+    http_keepalive_timeout: float = Field(default=75.0, gt=0)
+    """Seconds an HTTP keep-alive connection may sit idle between requests before the server
+    closes it (nginx's ``keepalive_timeout``)."""
+
+    http_header_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a client has to send a request's whole header, from the connection's start or the
+    request's first byte; a new connection that sends nothing is closed, a header still incomplete
+    gets 408 (nginx's ``client_header_timeout``; it stops slowloris)."""
+
+    http_max_header_size: int = Field(default=32 * 1024, ge=1024)
+    """Largest HTTP request header (request line and fields), in bytes; a larger one gets 431
+    (nginx's ``large_client_header_buffers`` 4 x 8k)."""
+
     shutdown_grace_period: float = Field(default=30.0, ge=0)
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before models are unloaded."""
+
+    drain_delay: float = Field(default=0.0, ge=0)
+    """Seconds the server keeps accepting connections after SIGTERM/SIGINT while readiness answers
+    503 (gRPC: not ready, grpc.health NOT_SERVING) and new inference is refused with 503, so that
+    load balancers see it leave before connections are refused; in-flight work goes on meanwhile.
+    Then the listeners close and what is in flight gets ``shutdown_grace_period`` to finish. Set it
+    to at least the readiness probe's period (times its failure threshold) behind a load balancer."""
+
+    strict_readiness: bool = True
+    """Triton's strict readiness: the server is ready only when every model asked for at startup
+    (every model-settings.json of the repository) is loaded and ready, no model load has failed,
+    and at least one model is loaded (unless ``load_models_at_startup`` is off). When false, the
+    server is ready once it started, whatever its models' states (each model's own ready endpoint
+    still tells)."""
+
+    loop_block_warning: float = Field(default=0.5, ge=0)
+    """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
 
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
@@ -103,6 +154,13 @@ class Settings(BaseSettings):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @field_validator("metrics_endpoint")
+    @classmethod
+    def _metrics_path(cls, value: str | None) -> str | None:
+        if value and not value.startswith("/"):
+            raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
+        return value or None
+
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.grpc_tls_certificate is None) != (self.grpc_tls_private_key is None):
@@ -119,6 +177,10 @@ class Settings(BaseSettings):
         settings = cls(**data)
         settings._source = Path(path) if path is not None else None
         return settings
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return bool(self.metrics_endpoint)
 
 
 class ModelParameters(BaseModel):
@@ -195,6 +257,11 @@ class ModelSettings(BaseSettings):
     outputs: list[MetadataTensor] = []
     """Output tensors the model returns, for metadata."""
 
+    require_declared_inputs: bool = False
+    """Refuse (400) a request that lacks a declared input not marked ``"parameters": {"optional":
+    true}``, as Triton does. Off by default, as in MLServer: the model gets the inputs the client
+    sent. (The PyTorch runtime always needs the inputs its ``forward`` takes.)"""
+
     max_batch_size: int = Field(default=0, ge=0)
     """Most requests merged into one batch; 0 or 1 turns batching off. With continuous batching:
     the most streams running together (0 counts as 1)."""
@@ -216,6 +283,15 @@ class ModelSettings(BaseSettings):
     """Most seconds a request waits in the batching queue before it gets 503; 0: no limit
     (Triton's ``default_timeout_microseconds``, in seconds). A request's own OIP ``timeout``
     parameter (microseconds) can shorten it, not lengthen it."""
+
+    request_timeout: float = Field(default=0.0, ge=0)
+    """Most seconds a request (queued and running) may take before it gets 503 and its work is
+    cancelled; 0: no limit. A request's own OIP ``timeout`` parameter (microseconds, as Triton's)
+    can shorten it, not lengthen it. Streams are not limited by it."""
+
+    predict_threads: int = Field(default=1, ge=1)
+    """Threads that run a plain (not ``async``) ``predict`` of this model, off the event loop;
+    more than 1 lets calls overlap (the model must then be thread-safe)."""
 
     continuous_batching: bool = False
     """Serve the model's streams with continuous batching: at most ``max_batch_size`` streams run
@@ -277,6 +353,34 @@ class ModelSettings(BaseSettings):
     def folder(self) -> Path | None:
         """The folder of the model-settings.json this came from, if any."""
         return self._source.parent if self._source else None
+
+    @classmethod
+    def from_environment(cls) -> ModelSettings:
+        """The one model that ``MLSERVER_MODEL_*`` variables describe, read as MLServer reads them
+        (what KServe sets): ``NAME``, ``IMPLEMENTATION`` and the other fields of this class, and
+        the parameters ``URI``, ``VERSION``, ``FORMAT``, ``CONTENT_TYPE`` and ``EXTRA`` (a JSON
+        object) without a ``PARAMETERS__`` prefix. When the URI is a folder (KServe's
+        ``/mnt/models``), the model's code may live there, as beside a model-settings.json."""
+        settings = cls()
+        found: dict[str, Any] = {}
+        for field in MODEL_ENV_PARAMETERS:
+            raw = os.environ.get(MODEL_ENV_PREFIX + field.upper())
+            if raw is None:
+                continue
+            if field == "extra":
+                try:
+                    found[field] = json.loads(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{MODEL_ENV_PREFIX}EXTRA must be a JSON object: {exc}") from exc
+            else:
+                found[field] = raw
+        if found:
+            own = settings.parameters.model_dump(exclude_unset=True) if settings.parameters else {}
+            settings.parameters = ModelParameters(**{**found, **own})
+        uri = settings.parameters.uri if settings.parameters else None
+        if uri and Path(uri).is_dir():
+            settings._source = Path(uri) / MODEL_SETTINGS_FILENAME
+        return settings
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ModelSettings:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from .errors import InvalidInput, ModelFailed
 from .types import Datatype, RequestInput, ResponseOutput
@@ -83,10 +84,27 @@ def element_count(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
+MAX_ELEMENTS = np.iinfo(np.intp).max // 16
+"""Most elements a tensor's shape may describe, counting only its non-zero dimensions (so that
+numpy can make an array of that shape, even an empty one, of any datatype)."""
+
+
 def check_shape(name: str, shape: Sequence[int]) -> None:
+    """Refuse a shape no tensor can have: a negative dimension, or too many elements.
+
+    A zero dimension is valid (as in Triton): the tensor is empty and its data must be too.
+    """
+    nonzero = 1
     for dim in shape:
         if dim < 0:
             raise InvalidInput(f"Tensor {name!r} has a negative dimension in shape {list(shape)}")
+        if dim:
+            nonzero *= dim
+            if nonzero > MAX_ELEMENTS:
+                raise InvalidInput(
+                    f"Tensor {name!r} has shape {list(shape)}, whose dimensions multiply past "
+                    f"{MAX_ELEMENTS} elements"
+                )
 
 
 # ---------------------------------------------------------------- raw bytes <-> arrays
@@ -280,7 +298,11 @@ def output_array(out: ResponseOutput) -> np.ndarray:
 
 
 def to_json_data(array: np.ndarray, datatype: str) -> Any:
-    """Data that orjson (with OPT_SERIALIZE_NUMPY) writes as a flat JSON list."""
+    """Data that orjson (with OPT_SERIALIZE_NUMPY) writes as a flat JSON list.
+
+    Floats that are NaN or infinite are written ``NaN``, ``Infinity``, ``-Infinity``: a value is
+    never changed (plain JSON has no such tokens, and orjson would write null).
+    """
     if datatype == "BYTES":
         out: list[str] = []
         for item in array.reshape(-1):
@@ -298,4 +320,22 @@ def to_json_data(array: np.ndarray, datatype: str) -> Any:
     flat = array.reshape(-1)
     if not flat.flags.c_contiguous or not flat.dtype.isnative:
         flat = np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        return _non_finite_json(flat)
     return flat
+
+
+_NON_FINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+
+
+def _non_finite_json(flat: np.ndarray) -> orjson.Fragment:
+    """A float array holding NaN or infinities as JSON, with the tokens ``NaN``, ``Infinity`` and
+    ``-Infinity`` (as Python's json and Triton's writer write them) where orjson would write null.
+
+    orjson writes every finite value as it always does; the non-finite ones are put in their place
+    (a flat array's elements are its text split at the commas). Only arrays with such values pay.
+    """
+    tokens = orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
+        tokens[index] = _NON_FINITE[str(float(flat[index]))]
+    return orjson.Fragment(b"[" + b",".join(tokens) + b"]")

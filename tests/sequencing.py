@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from runtime.scheduling.sequence import SequenceScheduler
+from runtime.scheduling.sequence_batching import SequenceScheduler
 from runtime.settings import ModelSettings
 
 from .conftest import InProcess

@@ -23,7 +23,7 @@ from runtime.server import Server
 from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"mlserver-like ready: (.*)$")
+READY = re.compile(r"mlserver-like ready: ([^\"]*)")  # a text line, or the message of a JSON one
 
 
 class RunningServer:
@@ -73,6 +73,10 @@ class RunningServer:
     def grpc_address(self) -> str:
         return self.endpoints["grpc"]
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.endpoints['metrics']}/metrics"
+
     def read_log(self) -> str:
         """Everything the server has written to stderr so far."""
         with self._changed:
@@ -112,6 +116,8 @@ def start_server(
     cmd = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1", "--http-port", "0"]
     if "--grpc-port" not in args:
         cmd += ["--grpc-port", "0"]
+    if "--metrics-port" not in args:
+        cmd += ["--metrics-port", "0"]
     cmd += list(args)
     process = subprocess.Popen(
         cmd,
@@ -128,10 +134,14 @@ def start_server(
 
 
 @asynccontextmanager
-async def serving(*models: ModelSettings, grace: float = 5, **settings: Any) -> AsyncIterator[Server]:
+async def serving(
+    *models: ModelSettings, grace: float = 5, tracer_provider: Any = None, **settings: Any
+) -> AsyncIterator[Server]:
     """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
+    settings.setdefault("metrics_port", 0)
     server = Server(
-        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings)
+        Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings),
+        tracer_provider=tracer_provider,
     )
     await server.start(list(models))
     try:

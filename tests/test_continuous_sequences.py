@@ -67,11 +67,19 @@ async def test_the_sequence_ends_once_its_end_request_and_every_stream_of_it_hav
     inprocess: InProcess,
 ) -> None:
     model, _ = await loaded(inprocess)
+    model.hold()  # steps one at a time: "long" must still stream when "end" has finished
     long = client(inprocess, "long", sequence_id=7, sequence_start=True, length=8)
+    await model.wait_stepping()
+    model.advance()
     await turns_until(lambda: len(long.chunks) >= 1)
-    end = await client(inprocess, "end", sequence_id=7, sequence_end=True, length=1).finished()
+    end = client(inprocess, "end", sequence_id=7, sequence_end=True, length=1)
+    while not end.done.is_set():  # "end" joins at the next step and takes one
+        await model.wait_stepping()
+        model.advance()
+        await turns_until(lambda: end.done.is_set() or model.stepping.is_set())
     assert extra(end.chunks[-1])["sequence_end"] is True and extra(end.chunks[-1])["sequence_id"] == 7
     assert model.sequences_ended == [] and not long.done.is_set()
+    model.release()
     refused = await client(inprocess, "late", sequence_id=7).finished()  # closed by the accepted END
     assert isinstance(refused.error, SequenceError) and "has ended (reason: end)" in str(refused.error)
     await long.finished()

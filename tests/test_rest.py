@@ -45,6 +45,9 @@ async def api(inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
 
 async def test_health_and_server_metadata(api: httpx.AsyncClient) -> None:
     assert (await api.get("/v2/health/live")).status_code == 200
+    # strict readiness: the model 'broken' failed to load, so the server is not ready
+    assert (await api.get("/v2/health/ready")).status_code == 503
+    await api.post("/v2/repository/models/broken/unload")
     assert (await api.get("/v2/health/ready")).status_code == 200
     meta = (await api.get("/v2")).json()
     assert meta["name"] == "mlserver-like"
@@ -212,7 +215,7 @@ async def test_failed_model_reports_why_and_others_serve(api: httpx.AsyncClient)
     response = await api.get("/v2/models/broken/ready")
     assert response.status_code == 503 and "weights file is corrupt" in response.json()["error"]
     assert (await api.get("/v2/models/echo/ready")).status_code == 200
-    assert (await api.get("/v2/health/ready")).status_code == 200
+    assert (await api.get("/v2/health/ready")).status_code == 503  # strict readiness
     assert (await api.get("/v2/models/nope/ready")).status_code == 404
 
 

@@ -89,6 +89,47 @@ def test_sequence_errors_have_their_status_codes(stub: InferenceStub) -> None:
     assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reason: end" in ended.value.details()
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [("sequence_start", "yes"), ("sequence_start", 1), ("sequence_end", 1), ("sequence_end", "true")],
+)
+def test_sequence_flags_of_another_type_than_bool_are_refused_naming_them(
+    server: RunningServer, stub: InferenceStub, name: str, value: Any
+) -> None:
+    body = {
+        "parameters": {"sequence_id": "typed", name: value},
+        "inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}],
+    }
+    rest = httpx.post(f"{server.http_url}/v2/models/recorder/infer", json=body, timeout=30)
+    assert rest.status_code == 400 and name in rest.json()["error"]
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(step("recorder", 1, sequence_id="typed", **{name: value}))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in refused.value.details()
+    assert httpx.get(f"{server.http_url}/v2/health/ready").status_code == 200
+
+
+def test_a_server_made_sequence_id_comes_from_secrets(
+    stub: InferenceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import secrets
+
+    from runtime import ids
+    from runtime.sequences.identity import parse_control
+    from runtime.types import Parameters
+
+    made: list[int] = []
+    real = secrets.randbits
+
+    def spy(bits: int) -> int:
+        made.append(real(bits))
+        return made[-1]
+
+    monkeypatch.setattr(secrets, "randbits", spy)
+    control = parse_control(Parameters(sequence_start=True))
+    assert control is not None and control.generated and len(made) == 1
+    assert control.key == f"seq-{ids._uuid_text(made[0])}"
+
+
 def test_a_pipelined_mlserver_stream_keeps_order_and_reports_errors_for_their_request(
     stub: InferenceStub,
 ) -> None:

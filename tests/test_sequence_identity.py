@@ -52,6 +52,10 @@ def test_start_without_id_gets_a_server_made_id() -> None:
         {"sequence_id": "nul\x00"},
         {"sequence_id": "a", "sequence_start": "maybe"},
         {"sequence_id": "a", "sequence_end": 2},
+        {"sequence_id": "a", "sequence_start": "yes"},
+        {"sequence_id": "a", "sequence_start": "true"},
+        {"sequence_id": "a", "sequence_end": 1},
+        {"sequence_id": "a", "sequence_end": 0},
         {"sequence_end": True},
     ],
 )
@@ -60,7 +64,7 @@ def test_malformed_sequence_fields_are_refused(params: dict[str, Any]) -> None:
         control(**params)
 
 
-def test_limits_are_inclusive_and_flags_accept_header_text() -> None:
+def test_limits_are_inclusive_and_only_header_flags_may_be_text() -> None:
     assert control(sequence_id="x" * 128) is not None
     assert control(sequence_id=2**64 - 1) is not None
     for text, value in (
@@ -71,7 +75,9 @@ def test_limits_are_inclusive_and_flags_accept_header_text() -> None:
         ("false", False),
         ("0", False),
     ):
-        parsed = control(sequence_id="a", sequence_start=text)
+        request = InferenceRequest(inputs=[], parameters=Parameters(sequence_id="a"))
+        apply_transport_fields(request, {"sequence_start": text})
+        parsed = parse_control(request.parameters)
         assert parsed is not None and parsed.start is value
     assert control(sequence_id="a with spaces") is not None
 

@@ -63,7 +63,8 @@ def test_repository_is_searched_recursively_and_failures_are_isolated(repo_serve
     assert httpx.get(f"{url}/v2/models/typed/ready").status_code == 200
     failing = httpx.get(f"{url}/v2/models/failing/ready")
     assert failing.status_code == 503 and "weights file is corrupt" in failing.json()["error"]
-    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    # strict readiness: a model asked for failed, so the server as a whole is not ready
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 503
     log = repo_server.read_log()
     assert "failing" in log and "weights file is corrupt" in log
     assert "not-json" in log and "cannot read" in log
@@ -128,6 +129,8 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = run_cli("start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port))
+        result = run_cli(
+            "start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port), "--metrics-port", "0"
+        )
     assert result.returncode == 1
     assert "Cannot start serving" in result.stderr and "Traceback" not in result.stderr

@@ -21,6 +21,7 @@ COUNTER = ModelSettings(
     implementation=Counter,
     inputs=[{"name": "n", "datatype": "INT32", "shape": [1]}],
     parameters={"version": "3"},
+    require_declared_inputs=True,
 )
 WORDS = ModelSettings(name="words", implementation=Words)
 PROMPTED = ModelSettings(

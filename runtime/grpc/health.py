@@ -1,10 +1,11 @@
 """grpc.health.v1.Health, so that Kubernetes gRPC probes (and grpc_health_probe) work.
 
 ``Check`` for the whole server ("") or for ``inference.GRPCInferenceService`` answers SERVING
-exactly when the server is ready (models loaded, not draining), asked afresh each time; other
-service names are NOT_FOUND, as the health protocol says. ``Watch`` reports SERVING from start
-until the server begins to drain, then NOT_SERVING, and then ends the call, so that an open
-Watch does not hold the shutdown for its whole grace period.
+exactly when the server is ready (see ``Settings.strict_readiness``; never while draining), asked
+afresh each time; other service names are NOT_FOUND, as the health protocol says. ``Watch``
+reports the status when the server starts, again whenever a Check finds it changed, NOT_SERVING
+as soon as the server begins to drain, and then ends the call, so that an open Watch does not
+hold the shutdown for its whole grace period.
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_h
         self.dataplane = dataplane
 
     async def start(self) -> None:
-        await self.set("", SERVING)
-        await self.set(SERVICE_NAME, SERVING)
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Set the statuses Watch reports from the server's readiness now."""
+        status = SERVING if self.dataplane.ready() else NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            if self._server_status.get(service) != status and not self._gracefully_shutting_down:
+                await self.set(service, status)
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
         if request.service in ("", SERVICE_NAME):
-            status = SERVING if self.dataplane.ready() else NOT_SERVING
-            return health_pb2.HealthCheckResponse(status=status)
+            await self.refresh()  # readiness changes with model loads: watchers hear it too
+            return health_pb2.HealthCheckResponse(status=self._server_status[request.service])
         return await super().Check(request, context)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:

@@ -10,6 +10,7 @@ The repository RPCs are also served under MLServer's separate service name
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,15 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
 class GrpcServer:
     """One grpc.aio server over a DataPlane."""
 
-    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        settings: Settings,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
         self.dataplane = dataplane
         self.settings = settings
+        self.interceptors = list(interceptors)
         self.port: int | None = None
         self.health = HealthServicer(dataplane)
         self._server: grpc.aio.Server | None = None
@@ -98,11 +105,12 @@ class GrpcServer:
         settings = self.settings
         size = settings.grpc_max_message_length
         server = grpc.aio.server(
+            interceptors=self.interceptors or None,
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
         repository = {name: handlers[name] for name in _REPOSITORY}

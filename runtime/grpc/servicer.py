@@ -23,7 +23,7 @@ from .converters import (
     response_to_proto,
     server_metadata_to_proto,
 )
-from .errors import code_of
+from .errors import code_of, status_message, trailers_of
 from .generated import dataplane_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -43,11 +43,12 @@ def guarded(method: Handler[Request, Response]) -> Handler[Request, Response]:
         except grpc.aio.AbortError:
             raise
         except ServerError as exc:
-            code, message = code_of(exc), exc.message
+            code, message, trailers = code_of(exc), exc.message, trailers_of(exc)
         except Exception as exc:
             logger.exception("Unexpected error serving %s", method.__name__)
             code, message = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
-        await context.abort(code, message)
+            trailers = ()
+        await context.abort(code, status_message(message), trailing_metadata=trailers)
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     return handler

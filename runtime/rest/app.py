@@ -17,7 +17,7 @@ from ..errors import Cancelled, PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
-from .errors import status_of
+from .errors import headers_of, status_of
 from .sequence import read_sequence_headers, sequence_headers
 
 logger = logging.getLogger(__name__)
@@ -29,8 +29,8 @@ def json_response(document: Any, status: int = 200, headers: Mapping[str, str] |
     return Response(dumps(document), status_code=status, media_type=JSON, headers=headers)
 
 
-def error_response(message: str, status: int) -> Response:
-    return json_response({"error": message}, status)
+def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
 
 
 def _model(request: Request) -> tuple[str, str | None]:
@@ -165,7 +165,7 @@ class RestApi:
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServerError)
-    return error_response(exc.message, status_of(exc))
+    return error_response(exc.message, status_of(exc), headers_of(exc))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -12,6 +12,7 @@ A response is JSON, or JSON plus raw output bytes when the request asked for bin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -40,10 +41,21 @@ def validation_message(exc: ValidationError) -> str:
     return "Invalid request: " + "; ".join(problems) + suffix
 
 
+_NON_FINITE_TOKENS = (b"NaN", b"Infinity")
+
+
 def parse_json(body: bytes | memoryview) -> Any:
+    """A JSON document; the tokens ``NaN``, ``Infinity`` and ``-Infinity`` are accepted too (as
+    Python's json and Triton's reader do), so that every float can be sent as it is."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        text = bytes(body)
+        if any(token in text for token in _NON_FINITE_TOKENS):  # orjson has no option for them
+            try:
+                return json.loads(text)
+            except ValueError:
+                pass
         raise InvalidInput(f"Malformed JSON: {exc}") from None
 
 

@@ -1,4 +1,7 @@
-"""Core errors to HTTP statuses: the REST transport's one table."""
+"""Core errors to HTTP statuses: the REST transport's one table.
+
+A "try again later" error (``Unavailable``, 503) also carries a ``Retry-After`` header (seconds).
+"""
 
 from __future__ import annotations
 
@@ -20,3 +23,12 @@ def status_of(error: errors.ServerError) -> int:
         if isinstance(error, cls):
             return status
     return 500
+
+
+RETRY_AFTER = "1"
+"""Seconds a client told to try again later (503) is asked to wait."""
+
+
+def headers_of(error: errors.ServerError) -> dict[str, str] | None:
+    """Headers sent with ``error``'s status: ``Retry-After`` for a "try later" error."""
+    return {"Retry-After": RETRY_AFTER} if isinstance(error, errors.Unavailable) else None

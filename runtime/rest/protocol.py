@@ -1,14 +1,25 @@
-"""uvicorn's httptools protocol, writing a response's head and its first body part in one go.
+"""uvicorn's httptools protocol with the limits httptools lacks, as nginx sets them.
 
-uvicorn hands the head of a response (status line and headers) to the socket as soon as the app
-sends ``http.response.start``, and the body when it sends ``http.response.body``: two writes,
-two system calls, for every response, where one suffices. The ASGI specification lets a server
-hold the head until the first body message (it "must not start sending the response to the
-client until it has received at least one Response Body event"), and this protocol does: each
-request's cycle writes through a ``_HeadWithBody``, which keeps the head and writes it together
-with the first body part (one ``writelines``, no copy). Everything else is uvicorn's: the bytes
-on the wire are the same, ``100 Continue`` goes out at once, and a connection closed after the
-head alone (the app failed mid-response) still gets the head first.
+- A request's header must arrive whole within ``http_header_timeout`` seconds (nginx's
+  ``client_header_timeout``), counted from the connection's start or the request's first byte:
+  a silent new connection is closed, a header that trickles in (slowloris) gets 408 and the
+  connection is closed.
+- A request's header may take at most ``http_max_header_size`` bytes (request line and fields;
+  nginx's ``large_client_header_buffers``): a larger one gets 431 and the connection is closed,
+  before the rest is read.
+
+The idle time between requests of a keep-alive connection is uvicorn's ``timeout_keep_alive``
+(``http_keepalive_timeout``). Refusals are JSON ``{"error": ...}`` bodies like every other error.
+
+One write per response: uvicorn hands a response's head (status line and headers) to the socket
+as soon as the app sends ``http.response.start``, and the body when it sends
+``http.response.body``: two writes, two system calls, where one suffices. The ASGI specification
+lets a server hold the head until the first body message (it "must not start sending the
+response to the client until it has received at least one Response Body event"), and this
+protocol does: each request's cycle writes through a ``_HeadWithBody``, which keeps the head and
+writes it together with the first body part (one ``writelines``, no copy). The bytes on the wire
+are the same; ``100 Continue`` goes out at once; a connection closed after the head alone (the
+app failed mid-response) still gets the head first.
 """
 
 from __future__ import annotations
@@ -16,7 +27,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
 class _HeadWithBody:
@@ -41,14 +55,11 @@ class _HeadWithBody:
         else:
             self._transport.write(data)
 
-    def _flush(self) -> None:
+    def close(self) -> None:
         if self._state == 1:
             self._state = 2
             head, self._head = self._head, None
             self._transport.write(head)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self._flush()
         self._transport.close()
 
     def is_closing(self) -> bool:
@@ -58,11 +69,98 @@ class _HeadWithBody:
         return getattr(self._transport, name)
 
 
-class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol; each request's responses go out through ``_HeadWithBody``."""
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol with a header deadline and a header size limit (set by ``guarded_protocol``)."""
+
+    header_timeout: float = 60.0
+    header_limit: int = 32 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading_header = True
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ the header deadline
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._header_timed_out)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self._header_bytes:
+            self._refuse(408, f"The request header did not arrive within {self.header_timeout:g} s")
+        else:
+            self.transport.close()  # a connection that never said anything
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
+        self._reading_header = False
+        self._disarm_header_timer()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:  # a cycle made just now
             cycle.transport = _HeadWithBody(self.transport, cycle)  # type: ignore[assignment]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_header, self._header_bytes = True, 0
+
+    # ------------------------------------------------------------------ the header size limit
+
+    def data_received(self, data: bytes) -> None:
+        if not self._reading_header:
+            super().data_received(data)
+            return
+        allowed = self.header_limit - self._header_bytes
+        if len(data) <= allowed:
+            self._header_bytes += len(data)
+            super().data_received(data)
+            return
+        # feed what the limit allows: if the header ends within it, the rest is body (or the next request)
+        self._header_bytes = self.header_limit
+        super().data_received(data[:allowed])
+        if self.transport.is_closing():
+            return
+        if self._reading_header:
+            self._refuse(431, f"The request header is larger than {self.header_limit} bytes")
+            return
+        super().data_received(data[allowed:])
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._disarm_header_timer()
+        body = orjson.dumps({"error": message})
+        head = (
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))
+        )
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+def guarded_protocol(header_timeout: float, header_limit: int) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for uvicorn's ``http`` option, with these limits."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"header_timeout": header_timeout, "header_limit": header_limit},
+    )

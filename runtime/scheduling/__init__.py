@@ -6,13 +6,13 @@ import logging
 
 from ..continuous import ContinuousModel
 from ..model import MLModel
-from ..sequences.model import SequenceModel, serves_stateless
+from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
 from .adaptive import AdaptiveScheduler
 from .base import RequestFailed, Scheduler
-from .continuous import ContinuousScheduler
+from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
-from .sequence import SequenceScheduler
+from .sequence_batching import SequenceScheduler
 
 logger = logging.getLogger(__name__)
 

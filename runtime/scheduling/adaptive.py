@@ -18,6 +18,8 @@ settings; KServe's maxBatchSize / maxLatency). How it behaves:
 - Each caller owns a future. A caller cancelled (or gone) while queued leaves the queue; one
   cancelled while its batch runs has its result dropped, and the others get theirs. Results
   are set only on futures that are not done.
+- A batch whose callers have all gone (cancelled, timed out, or cut at shutdown) is cancelled:
+  the model's coroutine sees ``CancelledError``.
 - A model that raises fails every caller of that batch (500, ModelFailed, logged once), and the
   next batch runs as usual. If the model raises InvalidInput for a merged batch, each of its
   requests is served again alone, so that only the one at fault gets the 400. A model that
@@ -25,11 +27,11 @@ settings; KServe's maxBatchSize / maxLatency). How it behaves:
 - Each response carries the parameters ``batch_id`` (counting from 1 per loaded model) and
   ``batch_size`` (requests in that batch).
 
-The model's ``predict`` is awaited on the event loop and never replaced. As in MLServer, it is
-an ``async def``: a model whose work is CPU-heavy runs it off the loop itself, e.g.
-``await loop.run_in_executor(self.executor, self.forward, x)`` (torch and numpy release the GIL
-while they compute), so that the server keeps reading, queueing and answering requests while a
-batch computes.
+The model's ``predict`` is called through the scheduler's executor (``executor.py``) and never
+replaced: an ``async def predict`` is awaited on the event loop (a model whose work is CPU-heavy
+runs it off the loop itself, e.g. ``await loop.run_in_executor(...)``; torch and numpy release the
+GIL while they compute), a plain ``def predict`` runs on the model's own threads, so that the
+server keeps reading, queueing and answering requests while a batch computes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
 from ..model import MLModel
+from ..observability.tracing import batch_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .base import Scheduler
@@ -148,7 +151,7 @@ class AdaptiveScheduler(Scheduler):
         """A streaming model streams as it would without batching; a unary model's requests,
         sent on a stream, are batched like any other."""
         if type(self.model).predict_stream is not MLModel.predict_stream:
-            return self.model.predict_stream(requests)
+            return self.executor.open_stream(requests)
         return self._each_batched(requests)
 
     async def _each_batched(
@@ -230,8 +233,11 @@ class AdaptiveScheduler(Scheduler):
         live = [c for c in callers if not c.future.done()]  # drop callers that went away
         if not live:
             return
+        start = time.monotonic()
+        abandon = _Abandon(live)
         try:
-            responses = await self._predict(batch_id, live)
+            with batch_span(self.name, batch_id, live):
+                responses = await self._predict(batch_id, live)
         except InvalidInput as exc:
             if len(live) == 1:
                 reject(live, functools.partial(_copy, exc))
@@ -252,6 +258,9 @@ class AdaptiveScheduler(Scheduler):
         else:
             resolve(live, responses)
         finally:
+            queued = sum(start - caller.arrival for caller in live)
+            self.stats.executed(len(live), queued, time.monotonic() - start)
+            abandon.close()
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))
 
@@ -260,7 +269,7 @@ class AdaptiveScheduler(Scheduler):
     ) -> list[InferenceResponse]:
         first = callers[0]
         if isinstance(first, _Caller) and first.alone:
-            response = await self.model.predict(first.request)
+            response = await self.executor.call_predict(first.request)
             if not isinstance(response, InferenceResponse):
                 raise ModelFailed(
                     f"Model {self.name!r} returned a {type(response).__name__}, not an InferenceResponse"
@@ -270,7 +279,7 @@ class AdaptiveScheduler(Scheduler):
             return [response]
         rows = [c.rows if isinstance(c, _Caller) else 1 for c in callers]
         merged = merge([c.request for c in callers], rows, batch_id)
-        response = await self.model.predict(merged)
+        response = await self.executor.call_predict(merged)
         extra = [{"batch_id": batch_id, "batch_size": len(callers)}] * len(callers)
         return split(response, rows, self.name, extra)
 
@@ -284,6 +293,31 @@ class AdaptiveScheduler(Scheduler):
             exc,
             exc_info=logger.isEnabledFor(logging.DEBUG),
         )
+
+
+class _Abandon:
+    """Cancels the running batch once every one of its callers has gone (cancelled, timed out, cut
+    at shutdown): nobody waits for its result, and a hung model must not hold the scheduler."""
+
+    __slots__ = ("callers", "open", "remaining", "task")
+
+    def __init__(self, callers: Sequence[Waiter[InferenceResponse]]) -> None:
+        self.task = asyncio.current_task()
+        self.callers = callers
+        self.remaining = len(callers)
+        self.open = True
+        for caller in callers:
+            caller.future.add_done_callback(self._left)
+
+    def _left(self, future: asyncio.Future[InferenceResponse]) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and self.open and self.task is not None:
+            self.task.cancel()
+
+    def close(self) -> None:
+        self.open = False
+        for caller in self.callers:
+            caller.future.remove_done_callback(self._left)
 
 
 def _wake_up(waker: asyncio.Future[None]) -> None:

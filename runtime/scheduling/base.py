@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..model import MLModel
+from ..observability.stats import ExecutionStats
 from ..settings import ModelSettings
 from ..streams.pipeline import RequestFailed
 from ..types import InferenceRequest, InferenceResponse
+from .executor import Executor, InProcessExecutor
 
 __all__ = ["RequestFailed", "Scheduler"]
 
@@ -23,9 +25,13 @@ __all__ = ["RequestFailed", "Scheduler"]
 class Scheduler(abc.ABC):
     """Decides when and with what the model's ``predict`` / ``predict_stream`` are called."""
 
-    def __init__(self, model: MLModel, settings: ModelSettings) -> None:
+    def __init__(self, model: MLModel, settings: ModelSettings, executor: Executor | None = None) -> None:
         self.model = model
         self.settings = settings
+        self.stats = ExecutionStats()
+        """Model executions, for the metrics (each strategy reports where it calls the model)."""
+        self.executor = executor if executor is not None else InProcessExecutor(model, settings)
+        """Where the model's code is called (in this process unless told otherwise)."""
 
     async def start(self) -> None:
         """Start background tasks, if the strategy has any."""

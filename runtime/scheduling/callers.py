@@ -89,6 +89,16 @@ class Entry(Waiter[None]):
     """With sequences: its request's place in its sequence's lifecycle (None outside any sequence)."""
 
 
+class StreamScheduler(Protocol):
+    """What a call needs of the continuous batcher (``.continuous_batching.ContinuousScheduler``)."""
+
+    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry: ...
+
+    def leave(self, entry: Entry) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None:
     """Tag a chunk with its stream's id and the size and id of its step; a chunk of a sequence
     also with its sequence id, and the last chunk of the stream that ends it with ``sequence_end``."""
@@ -106,18 +116,8 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
         mark_response(response, entry.pending.control, last and sequence.ends)
 
 
-class Stepper(Protocol):
-    """What a call is served by (the continuous scheduler)."""
-
-    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry: ...
-
-    def leave(self, entry: Entry) -> None: ...
-
-    def wake(self) -> None: ...
-
-
 async def serve_stream(
-    scheduler: Stepper, requests: AsyncIterator[InferenceRequest]
+    scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest]
 ) -> AsyncGenerator[InferenceResponse | RequestFailed, None]:
     """One call's requests, each run as a stream as it arrives; their chunks, in the order made.
 
@@ -159,7 +159,7 @@ async def serve_stream(
         await stop_tasks(reader)  # shielded: the requests' iterator must be free when we return
 
 
-async def _read(scheduler: Stepper, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
+async def _read(scheduler: StreamScheduler, requests: AsyncIterator[InferenceRequest], call: Call) -> None:
     try:
         async for request in requests:
             await call.wait_for_room(call.taken)

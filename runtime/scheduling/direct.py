@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from ..errors import Overloaded
 from ..model import MLModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -15,7 +17,8 @@ from .base import Scheduler
 class DirectScheduler(Scheduler):
     """Calls ``predict`` for each request and ``predict_stream`` for each stream, as they come.
 
-    It counts the calls inside the model so that ``stop`` (a reload swapping in a new instance,
+    At most ``max_queue_size`` requests and streams are inside the model at once; one more gets
+    ``Overloaded`` (503) at once. It counts the calls inside the model so that ``stop`` (a reload swapping in a new instance,
     or shutdown) returns only once they have left, and the model is never unloaded under them.
     """
 
@@ -25,26 +28,33 @@ class DirectScheduler(Scheduler):
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def _enter(self) -> None:
-        self._inside += 1
-        self._idle.clear()
-
     def _leave(self) -> None:
         self._inside -= 1
         if self._inside == 0:
             self._idle.set()
 
+    def _enter(self) -> None:
+        if self._inside >= self.settings.max_queue_size:
+            raise Overloaded(
+                f"Model {self.settings.name!r} has {self._inside} requests in flight, its max_queue_size; "
+                "try again later"
+            )
+        self._inside += 1
+        self._idle.clear()
+
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         self._enter()
+        start = time.perf_counter()
         try:
-            return await self.model.predict(request)
+            return await self.executor.call_predict(request)
         finally:
+            self.stats.executed(1, compute=time.perf_counter() - start)
             self._leave()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         self._enter()
         try:
-            async with aclosing(self.model.predict_stream(requests)) as responses:  # type: ignore[type-var]
+            async with aclosing(self.executor.open_stream(requests)) as responses:  # type: ignore[type-var]
                 async for response in responses:
                     yield response
         finally:

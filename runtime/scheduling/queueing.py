@@ -21,6 +21,7 @@ Nothing here knows about batches or models: a strategy takes waiters out of the 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Waiter(Generic[R]):
     """The group this caller waits in (requests of one group may be served together)."""
     future: asyncio.Future[R]
     arrival: float = field(default_factory=time.monotonic)
+    context: contextvars.Context = field(default_factory=contextvars.copy_context, repr=False)
+    """The caller's context (its trace span, for the batch's spans)."""
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

@@ -13,14 +13,23 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..sequences.identity import parse_control
+from ..sequences.identity import SequenceControl, parse_control
+from ..sequences.lifecycle import Pending
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed
 
-if TYPE_CHECKING:
-    from .sequence import SequenceScheduler
+
+class SequenceSubmitter(Protocol):
+    """What a stream needs of the sequence batcher (``.sequence_batching.SequenceScheduler``)."""
+
+    async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def submit(self, request: InferenceRequest, control: SequenceControl) -> Pending: ...
+
+    def has_room(self, key: str) -> bool: ...
+
 
 STREAM_WINDOW = 64
 """Most requests of one stream admitted but not yet answered (it reads no further until one is)."""
@@ -29,7 +38,7 @@ _DONE = object()
 
 
 async def serve_stream(
-    scheduler: SequenceScheduler, requests: AsyncIterator[InferenceRequest]
+    scheduler: SequenceSubmitter, requests: AsyncIterator[InferenceRequest]
 ) -> AsyncIterator[InferenceResponse | RequestFailed]:
     """Serve a stream of requests (e.g. a gRPC stream carrying several sequences); see above."""
     window: asyncio.Queue[Any] = asyncio.Queue(STREAM_WINDOW)
@@ -73,7 +82,7 @@ async def serve_stream(
 
 
 async def _admit(
-    scheduler: SequenceScheduler,
+    scheduler: SequenceSubmitter,
     request: InferenceRequest,
     mine: dict[str, deque[asyncio.Future[InferenceResponse]]],
 ) -> asyncio.Future[InferenceResponse] | Exception:
@@ -86,8 +95,7 @@ async def _admit(
         while own:
             while own and own[0].done():
                 own.popleft()
-            seq = scheduler.sequences.active.get(control.key)
-            if not own or seq is None or len(seq.queue) < scheduler.sequences.max_queue:
+            if not own or scheduler.has_room(control.key):
                 break
             await asyncio.wait({own[0]})  # this stream's own requests fill the queue: wait for room
         future = scheduler.submit(request, control).future

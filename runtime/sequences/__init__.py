@@ -1,10 +1,11 @@
 """Stateful sequences: identity, lifecycle, the state store and the model API.
 
-The scheduler that serves them is ``runtime.scheduling.sequence.SequenceScheduler``.
+The scheduler that serves them is ``runtime.scheduling.sequence_batching.SequenceScheduler``, its lifecycle
+``runtime.sequences.engine.SequenceEngine``.
 """
 
 from .identity import SequenceControl, parse_control
-from .model import END_REASONS, EndReason, SequenceModel, SequenceStep
+from .sequence_model import END_REASONS, EndReason, SequenceModel, SequenceStep
 from .store import LRUStateStore, StateStore
 
 __all__ = [

@@ -4,9 +4,10 @@ request parameters, read once, checked and turned into a typed ``SequenceControl
 - An id is an unsigned integer (up to 2**64 - 1) or a string of at most 128 bytes of printable
   text. ``42`` and ``"42"`` name the same sequence: the key is the id's text; the id is echoed
   back in the type each request used. ``0`` and ``""`` mean "not a sequence" (Triton's convention).
-- Flags are booleans; ``"true"``/``"false"``, ``"1"``/``"0"``, ``"yes"``/``"no"`` (any case) and
-  the integers 1 / 0 are accepted too, since they arrive as text from HTTP headers.
-- A START without an id gets a server-made id, ``seq-<uuid4>``.
+- Flags are booleans in request parameters (REST body, gRPC ``bool_param``); anything else
+  (``"yes"``, ``1``) is refused, naming the parameter. Only flags a transport read as text (HTTP
+  headers) may say ``"true"``/``"false"``, ``"1"``/``"0"``, ``"yes"``/``"no"`` (any case).
+- A START without an id gets a server-made id, ``seq-<uuid4>``, from the ``secrets`` module.
 
 Transports translate their own ways of saying these (REST: the TorchServe headers
 ``ts_request_sequence_id`` / ``_start`` / ``_end``) into the same parameters with
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SequenceError
-from ..ids import new_id
+from ..ids import new_secret_id
 from ..types import InferenceRequest, InferenceResponse, Parameters
 
 ID = "sequence_id"
@@ -61,15 +62,18 @@ def _flag(value: Any, name: str) -> bool:
         return False
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
+    raise SequenceError(f"{name} must be a boolean (true or false), got {type(value).__name__} {value!r}")
+
+
+def _text_flag(value: Any, name: str) -> bool:
+    """A flag as a transport read it from text (an HTTP header)."""
     if isinstance(value, str):
         lowered = value.strip().lower()
         if lowered in _TRUE:
             return True
         if lowered in _FALSE:
             return False
-    raise SequenceError(f"{name} must be a boolean (true or false), got {value!r}")
+    return _flag(value, name)
 
 
 def _id(value: Any) -> SequenceId | None:
@@ -106,7 +110,7 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
             if end:
                 raise SequenceError("sequence_end needs the sequence_id of the sequence it ends")
             return None
-        made = f"seq-{new_id()}"
+        made = f"seq-{new_secret_id()}"
         return SequenceControl(key=made, echo=made, start=True, end=end, generated=True)
     return SequenceControl(key=str(given), echo=given, start=start, end=end)
 
@@ -125,14 +129,12 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
     for name, value in fields.items():
         if name not in FIELDS:
             raise ValueError(f"{name!r} is not a sequence field")
+        if name != ID:
+            value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
             setattr(request.parameters, name, value)
             continue
-        same = (
-            str(_id(extra[name])) == str(_id(value))
-            if name == ID
-            else _flag(extra[name], name) == _flag(value, name)
-        )
+        same = str(_id(extra[name])) == str(_id(value)) if name == ID else _flag(extra[name], name) == value
         if not same:
             raise SequenceError(
                 f"The request's parameters say {name}={extra[name]!r} but its headers say {value!r}"

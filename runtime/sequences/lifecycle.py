@@ -1,7 +1,7 @@
 """The table of open sequences: who may send what, and what a request to an ended sequence is told.
 
-Pure bookkeeping, no I/O: the sequence scheduler calls it from the event loop and owns the timers
-and the model calls. Rules (../shared/SEQUENCES.md):
+Pure bookkeeping, no I/O: the sequence engine (``engine.SequenceEngine``) calls it from the event
+loop and owns the timers, the state store and the model calls. Rules (../shared/SEQUENCES.md):
 
 - START on a new id opens a sequence, unless ``max_sequences`` are open (503).
 - START on an open id queues behind that sequence's requests; when it runs, the old sequence
@@ -15,7 +15,6 @@ and the model calls. Rules (../shared/SEQUENCES.md):
 
 from __future__ import annotations
 
-import abc
 import asyncio
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 from ..errors import Cancelled, Overloaded, SequenceError, ServerError
 from ..types import InferenceRequest, InferenceResponse
 from .identity import SequenceControl
-from .model import END_REASONS, EndReason
+from .sequence_model import END_REASONS, EndReason
 
 _HOW = {
     "end": "it was ended by a request with sequence_end",
@@ -188,37 +187,3 @@ class Sequences:
         if self.current(seq):
             del self.active[seq.key]
             self.remember(seq.key, reason)
-
-
-class TimerRules(abc.ABC):
-    """The idle and lifetime rules, shared by every scheduler that serves sequences.
-
-    Idle time counts only while the sequence has nothing queued and nothing running; a lifetime
-    timeout lets the accepted requests finish and closes the sequence to later ones.
-    """
-
-    sequences: Sequences
-
-    @abc.abstractmethod
-    def _busy(self, seq: Sequence) -> bool:
-        """Whether a request of ``seq`` is running now."""
-
-    @abc.abstractmethod
-    def _end_soon(self, seq: Sequence, reason: EndReason) -> None:
-        """End ``seq`` for ``reason`` as soon as the scheduler can tell the model."""
-
-    def _on_idle(self, seq: Sequence) -> None:
-        seq.idle_timer = None
-        if self.sequences.current(seq) and not self._busy(seq) and not seq.queue:
-            self._end_soon(seq, "idle")
-
-    def _on_lifetime(self, seq: Sequence) -> None:
-        seq.life_timer = None
-        if not self.sequences.current(seq):
-            return
-        if seq.closed is None:
-            seq.closed = "timeout"
-        if not self._busy(seq) and not seq.queue:
-            self._end_soon(seq, "timeout")
-        elif seq.pending_end is None:
-            seq.pending_end = "timeout"

@@ -21,14 +21,14 @@ import torch
 
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import InvalidInput, ModelNotReady
-from ..sequences.model import SequenceModel, SequenceStep
+from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..tensors import input_array
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 from .convert import FLOATING, torch_dtype
 from .loading import Loaded, ProgramInput, load
 from .recurrent import Outputs, Recurrence, read_recurrence
 from .runner import TensorSpec, TorchRunner
-from .sequence import predict_sequences
+from .sequence_batch import predict_sequences
 from .settings import TorchConfig, read_config
 from .steps import Steps
 

@@ -15,19 +15,36 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InvalidInput, ModelFailed
 from ..settings import ModelSettings
 from ..tensors import dtype_of
+from ..types import InferenceRequest, InferenceResponse
 from .runner import TorchRunner
 from .settings import StopRule, TorchSettings
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, tuple[np.ndarray, str]]
 """Output name -> (host array, protocol datatype), as the runner returns them."""
+
+
+class TensorModel(Protocol):
+    """What the sequence and step strategies use of the model (``.model.TorchModel``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def runner(self) -> TorchRunner: ...
+
+    def request_arrays(self, payload: InferenceRequest, may_omit: frozenset[str] = ...) -> Arrays: ...
+
+    def response(self, outputs: Outputs) -> InferenceResponse: ...
+
+    def shape_problem(self, name: str, shape: tuple[int, ...]) -> str | None: ...
 
 
 @dataclass(frozen=True)

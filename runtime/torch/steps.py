@@ -26,7 +26,6 @@ nothing, until the earlier one has finished.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,10 +33,7 @@ from ..continuous import StepResult, Stream, stack_chunks
 from ..errors import InvalidInput, ModelFailed
 from ..tensors import output_array
 from ..types import InferenceRequest, InferenceResponse, ResponseOutput
-from .recurrent import Arrays, Outputs, Recurrence, part, rows, run_together
-
-if TYPE_CHECKING:
-    from .model import TorchModel
+from .recurrent import Arrays, Outputs, Recurrence, TensorModel, part, rows, run_together
 
 
 class Decoding:
@@ -62,7 +58,7 @@ class Decoding:
 class Steps:
     """A model's continuous batching: the streams' progress, and which stream of a sequence steps."""
 
-    def __init__(self, model: TorchModel, recurrence: Recurrence) -> None:
+    def __init__(self, model: TensorModel, recurrence: Recurrence) -> None:
         self.model = model
         self.recurrence = recurrence
         self._turns: dict[str, list[Stream]] = {}

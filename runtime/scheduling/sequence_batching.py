@@ -10,7 +10,9 @@ one else could join). Within a sequence requests run in arrival order, one at a 
 
 Endings decided outside the worker (idle and lifetime timers, cancellations) are queued as
 notices that the worker delivers before its next batch, so the model hears of an ending before it
-sees a fresh sequence with the same id. The lifecycle rules live in ``runtime.sequences.lifecycle``.
+sees a fresh sequence with the same id. The lifecycle (admission, queues, timers, endings, the
+state store) is ``runtime.sequences.engine.SequenceEngine``; this module adds the batches, with the
+strategy of ``.batch_strategy`` (one request of a sequence in flight).
 
 Cancellation: when a caller gives up on a request of a sequence (a client disconnects, a gRPC call
 is cancelled), the sequence is cancelled, as Triton does: its other queued requests fail with
@@ -22,28 +24,27 @@ go on as if nothing happened.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
+from ..sequences.engine import STORED, SequenceEngine
 from ..sequences.identity import SequenceControl, mark_response, parse_control
-from ..sequences.lifecycle import Pending, Sequence, Sequences, TimerRules
-from ..sequences.model import EndReason, SequenceModel, SequenceStep
-from ..sequences.store import LRUStateStore, StateStore
+from ..sequences.lifecycle import Pending, Sequences
+from ..sequences.sequence_model import SequenceModel, SequenceStep
+from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
+from .batch_strategy import OneInFlight
 from .sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
 
 
-class SequenceScheduler(Scheduler, TimerRules):
+class SequenceScheduler(Scheduler):
     """The sequence batcher of one model."""
 
     def __init__(
@@ -60,23 +61,14 @@ class SequenceScheduler(Scheduler, TimerRules):
                 "runtime.SequenceModel and implement predict_sequences"
             )
         self.seq_model: SequenceModel = model
-        self.sequences = Sequences(
-            settings.name,
-            settings.max_sequences,
-            settings.max_sequence_queue_size,
-            settings.sequence_ended_memory,
-        )
-        self.store = store or LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
+        self._wake = asyncio.Event()
+        self.strategy = OneInFlight(self._wake)
+        self.engine = SequenceEngine(settings, model.sequence_ended, self.strategy, store)
+        self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
-        self.idle_s = settings.max_sequence_idle_ms / 1000
-        self.life_s = settings.sequence_timeout_ms / 1000
         self.stateless = stateless
         """Serves requests outside any sequence (None: the model answers them 400)."""
-        self._ready: list[tuple[int, Sequence]] = []
-        self._notices: deque[tuple[str, EndReason]] = deque()
-        self._arrivals = itertools.count()
-        self._wake = asyncio.Event()
         self._quiet = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._stopping = False
@@ -84,6 +76,19 @@ class SequenceScheduler(Scheduler, TimerRules):
         self.batches = 0
         self.steps = 0
         self.largest_batch = 0
+
+    @property
+    def sequences(self) -> Sequences:
+        """The engine's table of open sequences."""
+        return self.engine.table
+
+    @property
+    def store(self) -> StateStore:
+        return self.engine.store
+
+    @store.setter
+    def store(self, store: StateStore) -> None:
+        self.engine.store = store
 
     # ------------------------------------------------------------------ lifecycle of the scheduler
 
@@ -95,7 +100,7 @@ class SequenceScheduler(Scheduler, TimerRules):
     async def stop(self) -> None:
         """Refuse new requests, run the accepted ones, then end every open sequence (reason ``unload``)."""
         self._stopping = True
-        while self._worker is not None and (self.sequences.queued or self._running or self._notices):
+        while self._worker is not None and (self.sequences.queued or self._running or self.engine.notices):
             self._quiet.clear()
             self._wake.set()
             await self._quiet.wait()
@@ -103,14 +108,7 @@ class SequenceScheduler(Scheduler, TimerRules):
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
-        await self._drain_notices()
-        for seq in list(self.sequences.active.values()):
-            seq.stop_timers()
-            if seq.live:
-                seq.live = False
-                await self._tell(seq.key, "unload", await self.store.pop(seq.key))
-            self.sequences.settle(seq, "unload", everything=True)
-        await self.store.clear()
+        await self.engine.stop()
         if self.stateless is not None:
             await self.stateless.stop()
 
@@ -134,25 +132,19 @@ class SequenceScheduler(Scheduler, TimerRules):
         """Admit a request into its sequence's queue (or raise at once) and return its pending entry."""
         if self._stopping:
             raise ShuttingDown(f"Model {self.settings.name!r} is unloading")
-        seq, replaces = self.sequences.admit(control)
-        loop = asyncio.get_running_loop()
-        pending = Pending(request, control, seq, next(self._arrivals), loop.create_future(), replaces)
+        pending = self.engine.admit(request, control)
         pending.future.add_done_callback(self._on_done(pending))
-        seq.queue.append(pending)
-        self.sequences.queued += 1
-        seq.stop_idle()
-        if control.start and self.life_s:
-            if seq.life_timer is not None:
-                seq.life_timer.cancel()
-            seq.life_timer = loop.call_later(self.life_s, self._on_lifetime, seq)
-        if seq.running is None and not seq.in_ready:
-            self._push(seq)
         return pending
+
+    def has_room(self, key: str) -> bool:
+        """Whether the sequence ``key`` (if open) may queue one more request."""
+        seq = self.engine.get(key)
+        return seq is None or len(seq.queue) < self.sequences.max_queue
 
     def _on_done(self, pending: Pending) -> Callable[[asyncio.Future[InferenceResponse]], None]:
         def done(future: asyncio.Future[InferenceResponse]) -> None:
             if future.cancelled():
-                self._cancelled(pending)
+                self.engine.cancel(pending)
 
         return done
 
@@ -161,47 +153,17 @@ class SequenceScheduler(Scheduler, TimerRules):
     ) -> AsyncIterator[InferenceResponse | RequestFailed]:
         return serve_stream(self, requests)
 
-    # ------------------------------------------------------------------ the ready heap
-
-    def _push(self, seq: Sequence) -> None:
-        seq.in_ready = True
-        heapq.heappush(self._ready, (seq.queue[0].arrival, seq))
-        self._wake.set()
-
-    def _take(self, limit: int) -> list[Pending]:
-        """Up to ``limit`` head requests of ready sequences, oldest first; each sequence becomes running."""
-        taken: list[Pending] = []
-        sequences = self.sequences
-        while self._ready and len(taken) < limit:
-            arrival, seq = heapq.heappop(self._ready)
-            seq.in_ready = False
-            if seq.running is not None or not seq.queue or not sequences.current(seq):
-                continue
-            head = seq.queue[0]
-            if head.future.done():  # cancelled, its callback not yet run
-                self._cancelled(head)
-                continue
-            if head.arrival != arrival:
-                self._push(seq)
-                continue
-            seq.queue.popleft()
-            sequences.queued -= 1
-            head.running = True
-            seq.running = head
-            taken.append(head)
-        return taken
-
     # ------------------------------------------------------------------ the worker
 
     async def _work(self) -> None:
         while True:
             batch: list[Pending] = []
             try:
-                await self._drain_notices()
-                batch = self._take(self.max_batch)
+                await self.engine.deliver_notices()
+                batch = self.strategy.take(self.max_batch)
                 if not batch:
                     self._wake.clear()
-                    if self._ready or self._notices:
+                    if len(self.strategy) or self.engine.notices:
                         continue
                     self._quiet.set()
                     await self._wake.wait()
@@ -220,7 +182,7 @@ class SequenceScheduler(Scheduler, TimerRules):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_wait
         while len(batch) < self.max_batch and len(self.sequences.active) > len(batch):
-            more = self._take(self.max_batch - len(batch))
+            more = self.strategy.take(self.max_batch - len(batch))
             if more:
                 batch += more
                 continue
@@ -234,14 +196,12 @@ class SequenceScheduler(Scheduler, TimerRules):
                 return
 
     async def _run_batch(self, batch: list[Pending]) -> None:
-        await self._drain_notices()
+        engine = self.engine
+        await engine.deliver_notices()
         for pending in batch:
-            seq = pending.sequence
-            if pending.control.start and seq.live:
-                seq.live = False
-                await self._tell(seq.key, pending.replaces or "restart", await self.store.pop(seq.key))
+            await engine.opening(pending)
         keys = [p.control.key for p in batch if not p.control.start]
-        loaded = iter(await self.store.load(keys)) if keys else iter(())
+        loaded = iter(await engine.store.load(keys)) if keys else iter(())
         steps = [
             SequenceStep(
                 p.request,
@@ -257,6 +217,7 @@ class SequenceScheduler(Scheduler, TimerRules):
         self._running = len(batch)
         self.batches += 1
         self.steps += len(batch)
+        self.stats.executed(len(batch))
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
             results = list(await self.seq_model.predict_sequences(steps))
@@ -283,7 +244,7 @@ class SequenceScheduler(Scheduler, TimerRules):
             for step, good, ended in zip(steps, ok, ends, strict=True)
             if good and not ended
         ]
-        evicted = await self.store.save(keep) if keep else []
+        evicted = await engine.store.save(keep) if keep else []
         for pending, result, ended in zip(batch, results, ends, strict=True):
             if pending.future.done():
                 continue
@@ -293,38 +254,16 @@ class SequenceScheduler(Scheduler, TimerRules):
             else:
                 pending.future.set_exception(_as_error(result, self.settings.name))
 
-        for pending, step, ended, result in zip(batch, steps, ends, results, strict=True):
+        for pending, step, ended, good in zip(batch, steps, ends, ok, strict=True):
             seq = pending.sequence
             if pending.future.cancelled():  # the caller left while it ran; its callback may not have run yet
-                self._cancelled(pending)
+                engine.cancel(pending)
             seq.running = None
             pending.running = False
-            if ended:
-                popped = await self.store.pop(seq.key)
-                await self._end(seq, "end", step.state if isinstance(result, InferenceResponse) else popped)
-            elif seq.pending_end == "cancel" or (seq.pending_end == "timeout" and not seq.queue):
-                await self._end(seq, seq.pending_end, await self.store.pop(seq.key))
-            elif seq.queue:
-                if not seq.in_ready:
-                    self._push(seq)
-            elif self.idle_s and seq.live:
-                seq.idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self._on_idle, seq)
-        for key, state in evicted:
-            seq_or_none = self.sequences.active.get(key)
-            if seq_or_none is not None and seq_or_none.live:
-                await self._end(seq_or_none, "eviction", state)
+            # a kept (or failed, so unchanged) state is the store's; an ending step's is its own
+            await engine.finished(seq, ended=ended, state=step.state if good and ended else STORED)
+        await engine.end_evicted(evicted)
         self._quiet.set()
-
-    async def _end(self, seq: Sequence, reason: EndReason, state: Any) -> None:
-        """End a sequence that is not running: tell the model, then fail or keep what is queued."""
-        seq.stop_idle()
-        if seq.live:
-            seq.live = False
-            await self._tell(seq.key, reason, state)
-        if seq.running is None:
-            self.sequences.settle(seq, reason)
-            if seq.queue and not seq.in_ready:
-                self._push(seq)
 
     def _abandon(self, batch: list[Pending], exc: Exception) -> None:
         """After an unexpected failure: fail what was not answered and put the sequences back in play."""
@@ -333,94 +272,28 @@ class SequenceScheduler(Scheduler, TimerRules):
                 continue  # already settled before the failure
             seq = pending.sequence
             if pending.future.cancelled():
-                self._cancelled(pending)
+                self.engine.cancel(pending)
             seq.running = None
             pending.running = False
             if not pending.future.done():
                 pending.future.set_exception(_as_error(exc, self.settings.name))
-            if not self.sequences.current(seq):
-                continue
-            if seq.pending_end == "cancel" or (seq.pending_end == "timeout" and not seq.queue):
-                self._end_soon(seq, seq.pending_end)
-            elif seq.queue:
-                if not seq.in_ready:
-                    self._push(seq)
-            elif self.idle_s and seq.live and seq.idle_timer is None:
-                seq.idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self._on_idle, seq)
-
-    async def _tell(self, key: str, reason: EndReason, state: Any) -> None:
-        self.sequences.ended_by[reason] += 1
-        try:
-            await self.seq_model.sequence_ended(key, reason, state)
-        except Exception:
-            logger.exception("Model %r failed in sequence_ended(%r, %r)", self.settings.name, key, reason)
-
-    async def _drain_notices(self) -> None:
-        while self._notices:
-            key, reason = self._notices.popleft()
-            await self._tell(key, reason, await self.store.pop(key))
-
-    # ------------------------------------------------------------------ endings decided outside the worker
-
-    def _end_soon(self, seq: Sequence, reason: EndReason, *, everything: bool = False) -> None:
-        """End a sequence that is not running, from a timer or a cancellation (the worker tells the model)."""
-        seq.stop_idle()
-        if seq.live:
-            seq.live = False
-            self._notices.append((seq.key, reason))
-            self._wake.set()
-        self.sequences.settle(seq, reason, everything=everything)
-        if seq.queue and not seq.in_ready:
-            self._push(seq)
-
-    def _cancelled(self, pending: Pending) -> None:
-        """A caller gave up on ``pending``: cancel its sequence (once)."""
-        seq = pending.sequence
-        if not self.sequences.current(seq):
-            return
-        if pending in seq.queue:
-            seq.queue.remove(pending)
-            self.sequences.queued -= 1
-        elif not pending.running:
-            return  # already answered or already cancelled
-        if seq.closed == "cancel" and seq.pending_end == "cancel":
-            return
-        seq.closed = "cancel"
-        if seq.running is None:
-            self._end_soon(seq, "cancel", everything=True)
-        else:
-            seq.pending_end = "cancel"
-            self.sequences.settle(seq, "cancel", everything=True)
-
-    def _busy(self, seq: Sequence) -> bool:
-        return seq.running is not None
+            self.engine.released(seq)
 
     # ------------------------------------------------------------------ metadata
 
     def describe(self) -> dict[str, Any]:
-        s = self.settings
-        seqs = self.sequences
         return {
             "scheduler": "sequence",
             "max_batch_size": self.max_batch,
             "max_batch_time": self.max_wait,
-            "max_sequences": s.max_sequences,
-            "max_sequence_queue_size": s.max_sequence_queue_size,
-            "max_sequence_idle_ms": s.max_sequence_idle_ms,
-            "sequence_timeout_ms": s.sequence_timeout_ms,
-            "sequence_state_capacity": self.store.capacity,
-            "sequence_ended_memory": s.sequence_ended_memory,
+            **self.engine.describe(),
             "stateless_requests": self.stateless.describe() if self.stateless is not None else "refused",
             "stats": {
-                "open_sequences": len(seqs.active),
-                "queued_requests": seqs.queued,
+                **self.engine.stats(),
                 "running_requests": self._running,
-                "states_held": len(self.store),
                 "batches": self.batches,
                 "steps": self.steps,
                 "largest_batch": self.largest_batch,
-                "ended": dict(seqs.ended_by),
-                "rejected": dict(seqs.rejected),
             },
         }
 

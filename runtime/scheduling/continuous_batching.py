@@ -31,7 +31,8 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
   oldest unfinished one (then gRPC's flow control holds the client back).
 - **Stopping** refuses new streams (503), lets the running and waiting ones finish, then ends.
 - **With ``sequence_batching``** a request of a sequence may join while an earlier one of the same
-  sequence still streams; the sequence rules and state live in :mod:`.stream_sequences`.
+  sequence still streams; the sequence rules and state live in :mod:`runtime.sequences.engine`, with the strategy of
+  :mod:`.running_set_strategy`.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from ..types import InferenceRequest, InferenceResponse
 from .base import RequestFailed, Scheduler
 from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout
-from .stream_sequences import StreamSequences
+from .running_set_strategy import RunningSet
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,9 @@ class ContinuousScheduler(Scheduler):
         self._async_step = inspect.iscoroutinefunction(model.step)
         self._executor: ThreadPoolExecutor | None = None
         self._orders = itertools.count()
-        self.sequences = StreamSequences(model, settings, self.wake) if settings.sequence_batching else None
+        self.sequences: RunningSet[Entry] | None = (
+            RunningSet(model, settings, self.wake) if settings.sequence_batching else None
+        )
         """With ``sequence_batching``: the model's sequences (None without)."""
         self.steps = 0
         """Steps run so far."""
@@ -116,7 +119,7 @@ class ContinuousScheduler(Scheduler):
             },
         }
         if self.sequences is not None:
-            described.update(self.sequences.describe(self.settings))
+            described.update(self.sequences.describe())
         return described
 
     # ------------------------------------------------------------------ lifecycle
@@ -369,6 +372,7 @@ class ContinuousScheduler(Scheduler):
                 return
         self.steps += 1
         self.largest_batch = max(self.largest_batch, size)
+        self.stats.executed(size)
         leaving: list[tuple[Entry, StreamEnd]] = []
         for entry, result in zip(active, results, strict=True):
             entry.stream.steps += 1

@@ -14,19 +14,15 @@ cut back into one response per step. The state is kept as the host arrays of the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
-from ..sequences.model import SequenceStep
+from ..sequences.sequence_model import SequenceStep
 from ..types import InferenceResponse
-from .recurrent import Arrays, Recurrence, part, run_together
-
-if TYPE_CHECKING:
-    from .model import TorchModel
+from .recurrent import Arrays, Recurrence, TensorModel, part, run_together
 
 
 async def predict_sequences(
-    model: TorchModel, recurrence: Recurrence, steps: list[SequenceStep]
+    model: TensorModel, recurrence: Recurrence, steps: list[SequenceStep]
 ) -> Sequence[InferenceResponse | BaseException]:
     """One response (or the error of that step alone) per step, in order; each served step's
     ``state`` becomes the sequence's next state."""

@@ -1,0 +1,72 @@
+"""Operating the server: Prometheus metrics, the access log, structured logs and traces.
+
+Everything here observes and never decides. The core calls it at a few places only: the
+DataPlane's ``infer`` and stream paths (:class:`~.observer.Observer`), the transports' entry
+(:mod:`.access`: a REST wrapper and a gRPC interceptor) and each scheduler's model call
+(:class:`~.stats.ExecutionStats`, and the batch's spans). See ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .counts import Recorder
+from .observer import Observer
+from .tracing import Tracing, activate, from_settings
+
+if TYPE_CHECKING:
+    import grpc
+
+    from ..dataplane import DataPlane
+    from ..settings import Settings
+
+
+class Observability:
+    """What one server observes, set up from its settings."""
+
+    def __init__(self, settings: Settings, dataplane: DataPlane, tracer_provider: Any = None) -> None:
+        self.settings = settings
+        self.recorder = Recorder() if settings.metrics_enabled else None
+        self.tracing: Tracing | None = from_settings(settings, tracer_provider)
+        self.access_log = settings.access_log
+        if self.recorder is not None or self.tracing is not None:
+            dataplane.observer = Observer(dataplane.registry, self.recorder, self.tracing)
+        self.collector: Any = None
+        self.metrics_app: Any = None
+        if self.recorder is not None:
+            from .metrics import ServerCollector, metrics_app, new_registry
+
+            self.collector = ServerCollector(self.recorder, dataplane.registry)
+            self.registry = new_registry(self.collector)
+            assert settings.metrics_endpoint
+            self.metrics_app = metrics_app(self.registry, settings.metrics_endpoint)
+
+    @property
+    def watching_requests(self) -> bool:
+        return self.recorder is not None or self.access_log or self.tracing is not None
+
+    def wrap_rest(self, app: Any) -> Any:
+        """The REST app, wrapped when requests are counted, logged or traced."""
+        if not self.watching_requests:
+            return app
+        from .access import ObservedApp
+
+        return ObservedApp(app, self.recorder, self.access_log, self.tracing)
+
+    def grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        if not self.watching_requests:
+            return []
+        from .access import ObservedGrpc
+
+        return [ObservedGrpc(self.recorder, self.access_log, self.tracing)]
+
+    def start(self) -> None:
+        activate(self.tracing)
+
+    def stop(self) -> None:
+        if self.tracing is not None:
+            activate(None)
+            self.tracing.shutdown()
+
+
+__all__ = ["Observability", "Observer", "Recorder", "Tracing"]

@@ -1,0 +1,318 @@
+"""The transports' entry: per-request counts, the access log and the request's span.
+
+One ASGI wrapper for REST (:class:`ObservedApp`) and one gRPC interceptor
+(:class:`ObservedGrpc`); each sees every request or call once, from arrival to the end of its
+response (a stream's end, for SSE and ModelStreamInfer). They observe only: statuses, bodies
+and errors are the transports' own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from ..ids import new_id
+from .counts import Recorder
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
+
+access_logger = logging.getLogger("runtime.access")
+
+REQUEST_ID = "x-request-id"
+SEQUENCE_HEADER = b"ts_request_sequence_id"
+UNMATCHED = "<unmatched>"
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` (version-traceid-parentid-flags), if well formed."""
+    if not traceparent:
+        return None
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
+        return None
+    try:
+        int(parts[1], 16)
+    except ValueError:
+        return None
+    return parts[1].lower()
+
+
+def log_access(
+    transport: str,
+    route: str,
+    model: str | None,
+    version: str | None,
+    status: int | str,
+    seconds: float,
+    request_id: str | None,
+    sequence_id: str | None,
+    trace_id: str | None,
+) -> None:
+    duration_ms = round(seconds * 1000, 3)
+    access_logger.info(
+        "%s %s %s %.3fms",
+        transport,
+        route,
+        status,
+        duration_ms,
+        extra={
+            "transport": transport,
+            "route": route,
+            "model": model,
+            "version": version,
+            "status": status,
+            "duration_ms": duration_ms,
+            "request_id": request_id,
+            "sequence_id": sequence_id,
+            "trace_id": trace_id,
+        },
+    )
+
+
+_ROUTES: dict[str, str] = {}
+_ROUTES_KEPT = 4096  # paths whose template is remembered (paths name models: a bounded set, mostly)
+
+
+def route_of(scope: dict[str, Any]) -> str:
+    """The route's template (``/v2/models/{model_name}/infer``): a bounded label, unlike the path."""
+    if "endpoint" not in scope:
+        return UNMATCHED
+    path: str = scope["path"]
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
+    params: dict[str, Any] = scope.get("path_params") or {}
+    if params:
+        values = {str(v): k for k, v in params.items()}
+        route = "/".join("{" + values[s] + "}" if s in values else s for s in path.split("/"))
+    else:
+        route = path
+    if len(_ROUTES) < _ROUTES_KEPT:
+        _ROUTES[path] = route
+    return route
+
+
+class ObservedApp:
+    """Wraps the REST app: counts every request, logs it, traces it."""
+
+    def __init__(
+        self, app: Any, recorder: Recorder | None, access_log: bool, tracing: Tracing | None
+    ) -> None:
+        self.app = app
+        self.recorder = recorder
+        self.access_log = access_log
+        self.tracing = tracing
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the client gets when the app fails before it answers
+        sequence_id: str | None = None
+
+        async def observed_send(message: dict[str, Any]) -> None:
+            nonlocal status, sequence_id
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == SEQUENCE_HEADER:
+                        sequence_id = value.decode("latin-1")
+            await send(message)
+
+        headers: dict[bytes, bytes] | None = None
+        if self.access_log or self.tracing is not None:
+            headers = dict(scope["headers"])
+        span = None
+        if self.tracing is not None and headers is not None:
+            traceparent = headers.get(b"traceparent")
+            span = self.tracing.server_span(
+                f"{scope['method']} {scope['path']}",
+                {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()},
+                {"http.request.method": scope["method"], "url.path": scope["path"], "rpc.system": "http"},
+            )
+            del traceparent
+        try:
+            await self.app(scope, receive, observed_send)
+        finally:
+            seconds = time.perf_counter() - start
+            route = route_of(scope)
+            if span is not None:
+                span.finish(route=f"{scope['method']} {route}", status=status, error=status >= 500)
+            if self.recorder is not None:
+                self.recorder.rest_request(scope["method"], route, status, seconds)
+            if self.access_log and headers is not None:
+                params = scope.get("path_params") or {}
+                request_id = headers.get(REQUEST_ID.encode())
+                trace_id = (
+                    span.trace_id if span is not None else trace_id_of(_text(headers.get(b"traceparent")))
+                )
+                log_access(
+                    "rest",
+                    f"{scope['method']} {route}",
+                    params.get("model_name"),
+                    params.get("model_version"),
+                    status,
+                    seconds,
+                    request_id.decode("latin-1") if request_id else new_id(),
+                    sequence_id,
+                    trace_id,
+                )
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no type stubs
+    """Counts every gRPC call by service, method and status code, logs it, traces it."""
+
+    def __init__(self, recorder: Recorder | None, access_log: bool, tracing: Tracing | None) -> None:
+        self.recorder = recorder
+        self.access_log = access_log
+        self.tracing = tracing
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        full = details.method
+        service, _, method = full.lstrip("/").rpartition("/")
+        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        if handler.unary_unary is not None:
+            kind, behaviour = "unary", handler.unary_unary
+        elif handler.stream_stream is not None:
+            kind, behaviour = "bidi_stream", handler.stream_stream
+        else:  # unary-stream (Health.Watch) and stream-unary calls pass unobserved
+            return handler
+        call = _Call(kind, service, method, full, metadata)
+        observe, begin, end = self._observe, self._begin, self._end
+
+        if inspect.isasyncgenfunction(behaviour):  # a handler that yields its responses (reflection)
+
+            async def observed_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                start = begin(call, traced=False)
+                code: Any = grpc.StatusCode.OK
+                try:
+                    async for response in behaviour(request, context):
+                        yield response
+                    code = context.code() or grpc.StatusCode.OK
+                except BaseException as exc:
+                    code = context.code() or _failure(exc)
+                    raise
+                finally:
+                    end(call, start, None, code, request, None)
+
+            observed: Any = observed_stream
+        else:
+
+            async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await observe(behaviour, request, context, call)
+
+        make = (
+            grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.stream_stream_rpc_method_handler
+        )
+        return make(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _begin(self, call: _Call, traced: bool = True) -> tuple[float, Any]:
+        if self.recorder is not None:
+            self.recorder.grpc_start(call.kind, call.service, call.method)
+        span = None
+        if traced and self.tracing is not None:
+            span = self.tracing.server_span(
+                call.full.lstrip("/"),
+                call.metadata,
+                {"rpc.system": "grpc", "rpc.service": call.service, "rpc.method": call.method},
+            )
+        return time.perf_counter(), span
+
+    def _end(
+        self, call: _Call, start: tuple[float, Any], span: Any, code: Any, request: Any, response: Any
+    ) -> None:
+        status = _status(code)
+        seconds = time.perf_counter() - start[0]
+        span = span or start[1]
+        if span is not None:
+            span.finish(
+                route=call.full.lstrip("/"), status=status.name, error=status is not grpc.StatusCode.OK
+            )
+        if self.recorder is not None:
+            self.recorder.grpc_done(call.kind, call.service, call.method, status.name, seconds)
+        if self.access_log:
+            self._log(request, response, call.metadata, call.full, status, seconds, span)
+
+    async def _observe(
+        self, behaviour: Any, request: Any, context: grpc.aio.ServicerContext, call: _Call
+    ) -> Any:
+        start = self._begin(call)
+        code: Any = grpc.StatusCode.OK
+        response = None
+        try:
+            response = await behaviour(request, context)
+            code = context.code() or grpc.StatusCode.OK
+            return response
+        except BaseException as exc:
+            code = context.code() or _failure(exc)
+            raise
+        finally:
+            self._end(call, start, None, code, request, response)
+
+    def _log(
+        self,
+        request: Any,
+        response: Any,
+        metadata: dict[str, str],
+        full: str,
+        code: grpc.StatusCode,
+        seconds: float,
+        span: Any,
+    ) -> None:
+        model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
+        version = getattr(request, "model_version", None) or getattr(request, "version", None) or None
+        request_id = metadata.get(REQUEST_ID) or getattr(request, "id", None) or new_id()
+        sequence_id = None
+        for message in (response, request):
+            parameters = getattr(message, "parameters", None)
+            if parameters is not None and "sequence_id" in parameters:
+                param = parameters["sequence_id"]
+                sequence_id = str(getattr(param, param.WhichOneof("parameter_choice")))
+                break
+        trace_id = span.trace_id if span is not None else trace_id_of(metadata.get("traceparent"))
+        log_access("grpc", full, model, version, code.name, seconds, request_id, sequence_id, trace_id)
+
+
+class _Call:
+    """What names one gRPC method, for its counts and log lines."""
+
+    __slots__ = ("full", "kind", "metadata", "method", "service")
+
+    def __init__(self, kind: str, service: str, method: str, full: str, metadata: dict[str, str]) -> None:
+        self.kind, self.service, self.method, self.full, self.metadata = kind, service, method, full, metadata
+
+
+def _failure(exc: BaseException) -> grpc.StatusCode:
+    return grpc.StatusCode.CANCELLED if isinstance(exc, asyncio.CancelledError) else grpc.StatusCode.UNKNOWN
+
+
+def _status(code: Any) -> grpc.StatusCode:
+    if isinstance(code, grpc.StatusCode):
+        return code
+    for status in grpc.StatusCode:  # grpc.aio may give the code as its integer value
+        if status.value[0] == code:
+            return status
+    return grpc.StatusCode.UNKNOWN

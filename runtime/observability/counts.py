@@ -1,0 +1,144 @@
+"""Exact counts of one process, in plain Python: the serving path only adds to integers and floats.
+
+A :class:`Recorder`'s :meth:`~Recorder.snapshot` is plain, picklable data, and snapshots of
+several processes add up (:func:`merge`); ``runtime.observability.metrics`` turns them into
+Prometheus families at scrape time. Nothing here imports a metrics library.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from typing import Any
+
+# seconds, for request durations (MLServer's and the transports')
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+ModelKey = tuple[str, str]
+
+
+class Histogram:
+    """Counts per bucket (the last one is +Inf) and the sum of what was observed."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self, buckets: int = len(DURATION_BUCKETS)) -> None:
+        self.counts = [0] * (buckets + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float, bounds: tuple[float, ...] = DURATION_BUCKETS) -> None:
+        self.counts[bisect.bisect_left(bounds, value)] += 1
+        self.sum += value
+
+
+class ModelCounters:
+    """What the DataPlane counts for one model version."""
+
+    __slots__ = (
+        "duration",
+        "failure",
+        "pending",
+        "rejected",
+        "stream_events",
+        "streams_cancelled",
+        "streams_open",
+        "streams_opened",
+        "success",
+    )
+
+    def __init__(self) -> None:
+        self.success = 0
+        self.failure = 0
+        self.duration = Histogram()
+        self.pending = 0
+        self.rejected: dict[str, int] = {}
+        self.streams_open = 0
+        self.streams_opened = 0
+        self.stream_events = 0
+        self.streams_cancelled = 0
+
+
+class Recorder:
+    """The counts of one process. Only the event loop's thread writes them."""
+
+    def __init__(self) -> None:
+        self.models: dict[ModelKey, ModelCounters] = {}
+        self.rest: dict[tuple[str, str, str], Histogram] = {}
+        self.grpc_started: dict[tuple[str, str, str], int] = {}
+        self.grpc_handled: dict[tuple[str, str, str, str], int] = {}
+        self.grpc_seconds: dict[tuple[str, str, str], Histogram] = {}
+
+    def model(self, name: str, version: str | None) -> ModelCounters:
+        key = (name, version or "")
+        counters = self.models.get(key)
+        if counters is None:
+            counters = self.models[key] = ModelCounters()
+        return counters
+
+    def rest_request(self, method: str, path: str, status: int, seconds: float) -> None:
+        key = (method, path, str(status))
+        histogram = self.rest.get(key)
+        if histogram is None:
+            histogram = self.rest[key] = Histogram()
+        histogram.observe(seconds)
+
+    def grpc_start(self, kind: str, service: str, method: str) -> None:
+        key = (kind, service, method)
+        self.grpc_started[key] = self.grpc_started.get(key, 0) + 1
+
+    def grpc_done(self, kind: str, service: str, method: str, code: str, seconds: float) -> None:
+        key = (kind, service, method)
+        handled = (*key, code)
+        self.grpc_handled[handled] = self.grpc_handled.get(handled, 0) + 1
+        histogram = self.grpc_seconds.get(key)
+        if histogram is None:
+            histogram = self.grpc_seconds[key] = Histogram()
+        histogram.observe(seconds)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every count, as plain data that pickles and adds up (see :func:`merge`)."""
+        return {
+            "models": {
+                key: {
+                    "success": c.success,
+                    "failure": c.failure,
+                    "duration": _histogram(c.duration),
+                    "pending": c.pending,
+                    "rejected": dict(c.rejected),
+                    "streams_open": c.streams_open,
+                    "streams_opened": c.streams_opened,
+                    "stream_events": c.stream_events,
+                    "streams_cancelled": c.streams_cancelled,
+                }
+                for key, c in self.models.items()
+            },
+            "rest": {key: _histogram(h) for key, h in self.rest.items()},
+            "grpc_started": dict(self.grpc_started),
+            "grpc_handled": dict(self.grpc_handled),
+            "grpc_seconds": {key: _histogram(h) for key, h in self.grpc_seconds.items()},
+        }
+
+
+def _histogram(histogram: Histogram) -> dict[str, Any]:
+    return {"counts": list(histogram.counts), "sum": histogram.sum}
+
+
+def merge(snapshots: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of several processes' snapshots."""
+    total: dict[str, Any] = {}
+    for snapshot in snapshots:
+        _add(total, snapshot)
+    return total
+
+
+def _add(into: dict[Any, Any], other: dict[Any, Any]) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict):
+            _add(into.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            mine = into.setdefault(key, [0] * len(value))
+            for i, v in enumerate(value):
+                mine[i] += v
+        else:
+            into[key] = into.get(key, 0) + value

@@ -1,0 +1,45 @@
+"""Counts a scheduler keeps about its own model executions, read by the metrics at scrape time.
+
+Plain integers and floats, updated at the one place where a scheduler calls its model; nothing here
+decides anything, and nothing here imports a metrics library (the core does not pay for one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ExecutionStats:
+    """Model executions of one loaded model version (a batch, a sequence batch or a step is one).
+
+    ``executed(size)`` is called once per execution with the number of requests (or streams) it
+    served. Schedulers that time their batches also pass the seconds the requests waited in the
+    queue (summed over the requests) and the seconds the model computed.
+    """
+
+    __slots__ = ("batch_sizes", "compute_seconds", "executions", "inferences", "queue_seconds")
+
+    def __init__(self) -> None:
+        self.executions = 0
+        self.inferences = 0
+        self.batch_sizes: dict[int, int] = {}
+        """Executions by the number of requests they served."""
+        self.queue_seconds = 0.0
+        self.compute_seconds = 0.0
+        """Model time summed over the requests served (a batch of 4 taking 1 s counts 4 s, as Triton)."""
+
+    def executed(self, size: int, queued: float = 0.0, compute: float = 0.0) -> None:
+        self.executions += 1
+        self.inferences += size
+        self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
+        self.queue_seconds += queued
+        self.compute_seconds += compute * size
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "executions": self.executions,
+            "inferences": self.inferences,
+            "batch_sizes": dict(self.batch_sizes),
+            "queue_seconds": self.queue_seconds,
+            "compute_seconds": self.compute_seconds,
+        }
