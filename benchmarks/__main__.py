@@ -61,6 +61,7 @@ from benchmarks.loadgen import (  # noqa: E402
     Result,
     Script,
     build_request,
+    echo_body,
     exchange,
     run_grpc_load,
     run_load,
@@ -203,11 +204,6 @@ class Row:
     def ratio(self, before: bool = False) -> float:
         side, ceiling = self._pair(before)
         return side.mean() / ceiling.mean() if ceiling.mean() else float("nan")
-
-
-def echo_body(elements: int) -> bytes:
-    data = [0.5] * elements
-    return orjson.dumps({"inputs": [{"name": "x", "shape": [1, elements], "datatype": "FP32", "data": data}]})
 
 
 def binary_request(host: str, port: int, model: str, rows: np.ndarray) -> bytes:

@@ -20,34 +20,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.loadgen import Result, build_request, run_load  # noqa: E402
+from benchmarks.loadgen import compare, echo_body, echo_options, median_ratio  # noqa: E402
 from runtime.observability.access import ObservedApp  # noqa: E402
 from runtime.observability.counts import Recorder  # noqa: E402
 from runtime.observability.observer import Observer  # noqa: E402
 from runtime.registry import Registry  # noqa: E402
 from runtime.settings import ModelSettings  # noqa: E402
 from tests.servers import start_server  # noqa: E402
-
-
-def measure(port: int, pid: int, body: bytes, connections: int, seconds: float) -> tuple[Result, float]:
-    """One round: the load result and the server's CPU seconds per request."""
-    import uvloop
-
-    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
-    result = uvloop.run(run_load("127.0.0.1", port, request, connections, seconds, warmup=0.2, pid=pid))
-    return result, result.cpu_per_request
 
 
 async def added_cost(calls: int = 100_000) -> float:
@@ -93,19 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=1.5, help="length of one round")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--elements", type=int, default=16, help="FP32 elements in the echoed tensor")
+    echo_options(parser)
     args = parser.parse_args()
-
-    body = orjson.dumps(
-        {
-            "inputs": [
-                {"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": [0.5] * args.elements}
-            ]
-        }
-    )
+    body = echo_body(args.elements)
     examples = ROOT / "examples" / "models"
     servers = {
         "metrics on": start_server(examples),
@@ -115,35 +93,21 @@ def main() -> None:
         assert (
             "metrics" in servers["metrics on"].endpoints and "metrics" not in servers["metrics off"].endpoints
         )
-        rounds: dict[str, list] = {label: [] for label in servers}
-        for _ in range(args.rounds):
-            for label, server in servers.items():
-                port = int(server.http_address.rsplit(":", 1)[1])
-                rounds[label].append(measure(port, server.process.pid, body, args.connections, args.seconds))
-        totals = {}
-        for label, results in rounds.items():
-            requests = sum(r.requests for r, _ in results)
-            seconds = sum(r.seconds for r, _ in results)
-            cpu = statistics.median(c for _, c in results)
-            totals[label] = (requests / seconds, cpu)
-            print(
-                f"{label:>12}: {requests / seconds:8.0f} req/s  CPU {cpu * 1e6:5.0f} us/request  "
-                f"errors {sum(r.errors for r, _ in results)}"
-            )
-        per_round = [
-            a.throughput / b.throughput
-            for (a, _), (b, _) in zip(rounds["metrics on"], rounds["metrics off"], strict=True)
-        ]
-        on, off = totals["metrics on"], totals["metrics off"]
+        targets = {
+            label: (int(server.http_address.rsplit(":", 1)[1]), server.process.pid)
+            for label, server in servers.items()
+        }
+        compared = compare(targets, body, args)
+        on, off = compared["metrics on"], compared["metrics off"]
         print(
-            f"metrics on / off: throughput {on[0] / off[0]:.3f} over all rounds, "
-            f"{statistics.median(per_round):.3f} median of rounds; "
-            f"CPU per request {on[1] / off[1]:.3f}  (target: throughput >= 0.95)"
+            f"metrics on / off: throughput {on.throughput / off.throughput:.3f} over all rounds, "
+            f"{median_ratio(on, off):.3f} median of rounds; "
+            f"CPU per request {on.cpu / off.cpu:.3f}  (target: throughput >= 0.95)"
         )
         added = asyncio.run(added_cost())
         print(
             f"CPU the metrics add to one REST infer request, measured alone: {added:.1f} us, "
-            f"{added / (off[1] * 1e6):.1%} of the CPU per request with metrics off"
+            f"{added / (off.cpu * 1e6):.1%} of the CPU per request with metrics off"
         )
     finally:
         for server in servers.values():

@@ -5,18 +5,23 @@ response by its Content-Length, so that the client costs far less than the serve
 Each connection may send a first request before its loop and a last one after it (neither
 counted): a sequence's START and END, say. Connections warm up for ``warmup`` seconds and then
 count for ``seconds``; the server's CPU time over the counted window is read from /proc when its
-pid is given.
+pid is given. The benchmarks that compare REST echo servers round by round share
+:func:`echo_options`, :func:`echo_body` and :func:`compare`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 
 @dataclass
@@ -195,3 +200,75 @@ async def run_grpc_load(
                 result.requests += 1
 
     return await _counted([caller] * concurrency, warmup, seconds, pid, result)
+
+
+def measure(port: int, pid: int, body: bytes, connections: int, seconds: float) -> tuple[Result, float]:
+    """One round of POST /v2/models/echo/infer: the load result and the server's CPU seconds per request."""
+    import uvloop
+
+    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
+    result = uvloop.run(run_load("127.0.0.1", port, request, connections, seconds, warmup=0.2, pid=pid))
+    return result, result.cpu_per_request
+
+
+def echo_options(parser: argparse.ArgumentParser) -> None:
+    """The options of an echo comparison: round length, rounds, connections, tensor size."""
+    parser.add_argument("--seconds", type=float, default=1.5, help="length of one round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--elements", type=int, default=16, help="FP32 elements in the echoed tensor")
+
+
+def echo_body(elements: int) -> bytes:
+    """An infer request of one FP32 tensor ``x`` of shape [1, elements]."""
+    return orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [1, elements], "datatype": "FP32", "data": [0.5] * elements}]}
+    )
+
+
+@dataclass
+class Compared:
+    """One server's rounds in a comparison."""
+
+    rounds: list[tuple[Result, float]]
+
+    @property
+    def throughput(self) -> float:
+        return sum(r.requests for r, _ in self.rounds) / sum(r.seconds for r, _ in self.rounds)
+
+    @property
+    def cpu(self) -> float:
+        """Median over the rounds of the server's CPU seconds per request."""
+        return statistics.median(c for _, c in self.rounds)
+
+    def line(self, label: str, width: int) -> str:
+        latencies = sorted(x for r, _ in self.rounds for x in r.latencies)
+        p50 = latencies[len(latencies) // 2] * 1e3 if latencies else float("nan")
+        p99 = latencies[int(len(latencies) * 0.99)] * 1e3 if latencies else float("nan")
+        return (
+            f"{label:>{width}}: {self.throughput:8.0f} req/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+            f"CPU {self.cpu * 1e6:5.0f} us/request  errors {sum(r.errors for r, _ in self.rounds)}"
+        )
+
+
+def compare(
+    servers: dict[str, tuple[int, int]], body: bytes, args: argparse.Namespace
+) -> dict[str, Compared]:
+    """Load each server (label: (port, pid)) in alternating rounds, so that a change in the machine's
+    load falls on all alike, and print a line per server."""
+    rounds: dict[str, list[tuple[Result, float]]] = {label: [] for label in servers}
+    for _ in range(args.rounds):
+        for label, (port, pid) in servers.items():
+            rounds[label].append(measure(port, pid, body, args.connections, args.seconds))
+    width = max(len(label) for label in servers)
+    compared = {label: Compared(results) for label, results in rounds.items()}
+    for label, result in compared.items():
+        print(result.line(label, width))
+    return compared
+
+
+def median_ratio(a: Compared, b: Compared) -> float:
+    """The median over the rounds of a's throughput over b's."""
+    return statistics.median(
+        x.throughput / y.throughput for (x, _), (y, _) in zip(a.rounds, b.rounds, strict=True)
+    )

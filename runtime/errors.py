@@ -1,7 +1,7 @@
 """What can go wrong while serving, as a small tree of meanings.
 
 The core raises these; it never speaks of HTTP or gRPC codes. Each transport maps the tree to
-its own codes through one table (``runtime/rest/errors.py``, ``runtime/grpc/errors.py``)::
+its own codes through one table (``runtime/rest/status.py``, ``runtime/grpc/status_codes.py``)::
 
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT

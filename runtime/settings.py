@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     """Port of the Prometheus metrics server; 0 picks a free port (the chosen one is logged)."""
 
     tracing_server: str | None = None
-    """OTLP endpoint the OpenTelemetry traces are exported to, e.g. ``http://collector:4318`` (OTLP
-    over HTTP) or ``collector:4317`` (OTLP over gRPC). Needs the ``tracing`` extra. Unset: traces
+    """OTLP/gRPC address the OpenTelemetry traces are exported to, as in MLServer, e.g.
+    ``otel-collector:4317`` (plaintext unless ``https://``; ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
+    makes it an OTLP/HTTP address). Needs the ``tracing`` extra. Unset: traces
     are on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
@@ -362,18 +363,7 @@ class ModelSettings(BaseSettings):
         object) without a ``PARAMETERS__`` prefix. When the URI is a folder (KServe's
         ``/mnt/models``), the model's code may live there, as beside a model-settings.json."""
         settings = cls()
-        found: dict[str, Any] = {}
-        for field in MODEL_ENV_PARAMETERS:
-            raw = os.environ.get(MODEL_ENV_PREFIX + field.upper())
-            if raw is None:
-                continue
-            if field == "extra":
-                try:
-                    found[field] = json.loads(raw)
-                except ValueError as exc:
-                    raise ValueError(f"{MODEL_ENV_PREFIX}EXTRA must be a JSON object: {exc}") from exc
-            else:
-                found[field] = raw
+        found = _environment_parameters()
         if found:
             own = settings.parameters.model_dump(exclude_unset=True) if settings.parameters else {}
             settings.parameters = ModelParameters(**{**found, **own})
@@ -386,10 +376,35 @@ class ModelSettings(BaseSettings):
     def from_file(cls, path: str | os.PathLike[str]) -> ModelSettings:
         path = Path(path)
         data = _read_json(path)
-        data.setdefault("name", path.parent.name)
+        # as MLServer: MLSERVER_MODEL_* variables fill what the file leaves out (KServe names the
+        # model so), then the folder names it
+        if "name" not in data and not os.environ.get(MODEL_ENV_PREFIX + "NAME"):
+            data["name"] = path.parent.name
+        found = _environment_parameters()
+        if found:
+            own = data.get("parameters")
+            data["parameters"] = {**found, **own} if isinstance(own, dict) else own if own else found
         settings = cls(**data)
         settings._source = path
         return settings
+
+
+def _environment_parameters() -> dict[str, Any]:
+    """The parameters ``MLSERVER_MODEL_URI``, ``_VERSION``, ``_FORMAT``, ``_CONTENT_TYPE`` and
+    ``_EXTRA`` (a JSON object) that are set, read as MLServer reads them (no ``PARAMETERS__``)."""
+    found: dict[str, Any] = {}
+    for field in MODEL_ENV_PARAMETERS:
+        raw = os.environ.get(MODEL_ENV_PREFIX + field.upper())
+        if raw is None:
+            continue
+        if field == "extra":
+            try:
+                found[field] = json.loads(raw)
+            except ValueError as exc:
+                raise ValueError(f"{MODEL_ENV_PREFIX}EXTRA must be a JSON object: {exc}") from exc
+        else:
+            found[field] = raw
+    return found
 
 
 def _read_json(path: Path) -> dict[str, Any]:

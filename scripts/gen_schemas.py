@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from runtime.settings import json_schemas
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's runtime/, whatever is installed
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+from runtime.settings import json_schemas  # noqa: E402
+
+SCHEMAS = ROOT / "schemas"
 
 
 def render(schema: dict) -> str:

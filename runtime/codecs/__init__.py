@@ -1,7 +1,7 @@
 """Codecs: tensors and requests to Python values and back (MLServer's codec API)."""
 
-from .base import InputCodec, RequestCodec
 from .decorator import decode_args
+from .interfaces import InputCodec, RequestCodec
 from .lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
 from .numpy import NumpyCodec, NumpyRequestCodec
 from .string import Base64Codec, StringCodec, StringRequestCodec

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from .base import InputCodec, RequestCodec
+from .interfaces import InputCodec, RequestCodec
 from .numpy import NumpyCodec, NumpyRequestCodec
 from .string import Base64Codec, StringCodec, StringRequestCodec
 

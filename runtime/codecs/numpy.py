@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..tensors import datatype_of, input_array, output_array
 from ..types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
-from .base import InputCodec, RequestCodec, make_tensor
+from .interfaces import InputCodec, RequestCodec, make_tensor
 
 
 def _array(payload: Any) -> tuple[np.ndarray, str]:

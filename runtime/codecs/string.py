@@ -17,7 +17,7 @@ from ..types import (
     RequestInput,
     ResponseOutput,
 )
-from .base import InputCodec, RequestCodec, make_tensor
+from .interfaces import InputCodec, RequestCodec, make_tensor
 
 
 def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:

@@ -1,5 +1,5 @@
 """The Open Inference Protocol over gRPC (grpc.aio), translating to and from the DataPlane only."""
 
-from .server import GrpcServer
+from .grpc_server import GrpcServer
 
 __all__ = ["GrpcServer"]

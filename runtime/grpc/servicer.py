@@ -23,8 +23,8 @@ from .converters import (
     response_to_proto,
     server_metadata_to_proto,
 )
-from .errors import code_of, status_message, trailers_of
 from .generated import dataplane_pb2 as pb
+from .status_codes import code_of, status_message, trailers_of
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from ..errors import ServerError
 from ..streams.client_streams import Reply, Routed
 from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
-from .errors import code_of
 from .generated import dataplane_pb2 as pb
+from .status_codes import code_of
 
 logger = logging.getLogger(__name__)
 

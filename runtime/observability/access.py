@@ -286,6 +286,10 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         start = self._begin(call)
         code: Any = grpc.StatusCode.OK
         response = None
+        read = None
+        if self.access_log and call.kind == "bidi_stream":
+            # the stream's log line names what its messages asked for (they are read from the context)
+            context = read = _ReadRecorder(context)
         try:
             response = await behaviour(request, context)
             code = context.code() or grpc.StatusCode.OK
@@ -294,7 +298,7 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
             code = context.code() or _failure(exc)
             raise
         finally:
-            self._end(call, start, None, code, request, response)
+            self._end(call, start, None, code, request, read or response)
 
     def _log(
         self,
@@ -306,18 +310,66 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         seconds: float,
         span: Any,
     ) -> None:
+        if isinstance(response, _ReadRecorder):  # a stream: what its requests named
+            model, version, first = response.named()
+            request_id = metadata.get(REQUEST_ID) or first or new_id()
+            trace_id = span.trace_id if span is not None else trace_id_of(metadata.get("traceparent"))
+            log_access(
+                "grpc", full, model, version, code.name, seconds, request_id, response.sequence_id, trace_id
+            )
+            return
         model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
         version = getattr(request, "model_version", None) or getattr(request, "version", None) or None
         request_id = metadata.get(REQUEST_ID) or getattr(request, "id", None) or new_id()
-        sequence_id = None
-        for message in (response, request):
-            parameters = getattr(message, "parameters", None)
-            if parameters is not None and "sequence_id" in parameters:
-                param = parameters["sequence_id"]
-                sequence_id = str(getattr(param, param.WhichOneof("parameter_choice")))
-                break
+        sequence_id = _sequence_id(response) or _sequence_id(request)
         trace_id = span.trace_id if span is not None else trace_id_of(metadata.get("traceparent"))
         log_access("grpc", full, model, version, code.name, seconds, request_id, sequence_id, trace_id)
+
+
+class _ReadRecorder:
+    """A stream's servicer context that notes the model, version, id and sequence id of each message
+    read (for the stream's access log line); everything else is the context's own."""
+
+    __slots__ = ("_context", "first_id", "models", "sequence_id")
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self.models: dict[tuple[str, str], None] = {}
+        self.first_id: str | None = None
+        self.sequence_id: str | None = None
+
+    async def read(self) -> Any:
+        message = await self._context.read()
+        if message is not grpc.aio.EOF:
+            model = getattr(message, "model_name", "")
+            if model:
+                self.models[model, getattr(message, "model_version", "")] = None
+            if self.first_id is None:
+                self.first_id = getattr(message, "id", None) or None
+            if self.sequence_id is None:
+                self.sequence_id = _sequence_id(message)
+        return message
+
+    def named(self) -> tuple[str | None, str | None, str | None]:
+        """The models the stream's requests named (comma-separated when several), their version
+        (when one model), and the first request's id."""
+        if not self.models:
+            return None, None, self.first_id
+        names = list(dict.fromkeys(name for name, _ in self.models))
+        versions = {version for _, version in self.models}
+        version = versions.pop() if len(names) == 1 and len(versions) == 1 else ""
+        return ",".join(names), version or None, self.first_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _sequence_id(message: Any) -> str | None:
+    parameters = getattr(message, "parameters", None)
+    if parameters is not None and "sequence_id" in parameters:
+        param = parameters["sequence_id"]
+        return str(getattr(param, param.WhichOneof("parameter_choice")))
+    return None
 
 
 class _Call:

@@ -27,7 +27,7 @@ from .counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
 
 if TYPE_CHECKING:
     from ..registry import Registry
-    from ..scheduling.base import Scheduler
+    from ..scheduling.scheduler import Scheduler
 
 MODEL_LABELS = ("model_name", "model_version")
 TRITON_LABELS = ("model", "version")

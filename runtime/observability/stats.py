@@ -13,8 +13,8 @@ class ExecutionStats:
     """Model executions of one loaded model version (a batch, a sequence batch or a step is one).
 
     ``executed(size)`` is called once per execution with the number of requests (or streams) it
-    served. Schedulers that time their batches also pass the seconds the requests waited in the
-    queue (summed over the requests) and the seconds the model computed.
+    served, the seconds those requests waited before it (summed over the requests) and the
+    seconds the model computed.
     """
 
     __slots__ = ("batch_sizes", "compute_seconds", "executions", "inferences", "queue_seconds")

@@ -1,20 +1,25 @@
 """OpenTelemetry traces (the optional ``tracing`` extra), imported only when tracing is configured.
 
 Spans: one per REST request or gRPC call (SERVER, the W3C ``traceparent`` it carries is its
-parent), one per inference request in the DataPlane (``infer <model>``); under adaptive batching a
-``queue`` span per request (from its arrival to its batch's start, child of the request's span)
-and one ``batch`` span per batch, linked to the span of every request in it, with the ``predict``
-span of the model call as its child. Exported by OTLP to ``tracing_server`` or where the standard
+parent), one per inference request in the DataPlane (``infer <model>``); and, whatever the
+scheduling strategy, at the one place it calls the model (:func:`batch_span`): a ``queue`` span per
+request (from its arrival to the start of the model call that serves it, child of the request's
+span), one ``batch`` span per model call (a direct call, an adaptive batch, a sequence batch, a
+continuous batching step), linked to the span of every request in it, and the ``predict`` span of
+the model call as its child. Exported by OTLP to ``tracing_server`` or where the standard
 ``OTEL_*`` variables say.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import operator
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..settings import Settings
@@ -36,25 +41,34 @@ def wanted(settings: Settings) -> bool:
 
 
 def exporter(settings: Settings) -> Any:
-    """The OTLP span exporter: HTTP for an ``http(s)://`` address (unless OTEL_EXPORTER_OTLP_PROTOCOL
-    says grpc), gRPC otherwise; with no ``tracing_server``, the exporter reads the OTEL_* variables."""
+    """The OTLP span exporter.
+
+    ``tracing_server`` is read as MLServer reads it: the address of a collector's OTLP/gRPC
+    receiver (``collector:4317``, ``http://collector:4317``; plaintext unless ``https://``), so an
+    MLServer settings.json traces unchanged; ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``) ``http/protobuf`` makes it an OTLP/HTTP address instead
+    (``/v1/traces`` is added). Without ``tracing_server`` the exporter reads the ``OTEL_*``
+    variables, over HTTP unless the protocol says ``grpc`` (the SDK's default protocol).
+    """
     server = settings.tracing_server
     protocol = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
-    use_http = protocol.startswith("http") or (not protocol and bool(server) and "://" in (server or ""))
-    if server is None and not protocol:
-        use_http = True  # the SDK's default protocol is http/protobuf
+    ).strip()
+    use_http = protocol.startswith("http") if protocol else server is None
     if use_http:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         if server is None:
             return OTLPSpanExporter()
+        if "://" not in server:
+            server = "http://" + server
         endpoint = server if server.rstrip("/").endswith("/v1/traces") else server.rstrip("/") + "/v1/traces"
         return OTLPSpanExporter(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-    return GrpcExporter(endpoint=server) if server else GrpcExporter()
+    if server is None:
+        return GrpcExporter()
+    return GrpcExporter(endpoint=server, insecure=not server.startswith("https://"))
 
 
 def from_settings(settings: Settings, provider: Any = None) -> Tracing | None:
@@ -118,9 +132,17 @@ class Tracing:
         return _Span(self, self.tracer.start_span(f"infer {model}", attributes=attributes))
 
     @contextlib.contextmanager
-    def batch(self, model: str, batch_id: int, callers: Sequence[Any]) -> Iterator[None]:
-        """Spans of one batch: each request's ``queue`` span, the ``batch`` span linking the requests,
-        and the model call's ``predict`` span. ``callers`` carry the ``context`` they were queued in."""
+    def batch(
+        self,
+        model: str,
+        batch_id: int,
+        callers: Sequence[Any],
+        arrival: Callable[[Any], float | None],
+    ) -> Iterator[None]:
+        """Spans of one model call: each request's ``queue`` span, the ``batch`` span linking the
+        requests, and the model call's ``predict`` span. ``callers`` carry the ``context`` they were
+        queued in; ``arrival(caller)`` is when it was queued (``time.monotonic()``), or None for a
+        caller that waits no more (a stream of a continuous batch after its first step)."""
         trace = self._trace
         now_ns, now = time.time_ns(), time.monotonic()
         links = []
@@ -129,10 +151,13 @@ class Tracing:
             if not parent.get_span_context().is_valid:
                 continue
             links.append(trace.Link(parent.get_span_context()))
+            since = arrival(caller)
+            if since is None:
+                continue
             queued = self.tracer.start_span(
                 "queue",
                 context=trace.set_span_in_context(parent),
-                start_time=now_ns - int((now - caller.arrival) * 1e9),
+                start_time=now_ns - int(max(0.0, now - since) * 1e9),
                 attributes={"model.name": model, "batch.id": batch_id},
             )
             queued.end(end_time=now_ns)
@@ -179,11 +204,39 @@ class _Span:
             self.span.end()
 
 
-@contextlib.contextmanager
-def batch_span(model: str, batch_id: int, callers: Sequence[Any]) -> Iterator[None]:
-    """The batch's spans when tracing is on; nothing otherwise."""
+_QUIET: AbstractContextManager[None] = contextlib.nullcontext()
+_ARRIVAL = operator.attrgetter("arrival")
+
+
+def batch_span(
+    model: str,
+    batch_id: int,
+    callers: Sequence[Any],
+    arrival: Callable[[Any], float | None] = _ARRIVAL,
+) -> AbstractContextManager[None]:
+    """The spans of one model call when tracing is on (see :meth:`Tracing.batch`); nothing otherwise.
+
+    Every scheduling strategy wraps its one model call in it. ``callers``: the requests (or
+    streams) the call serves, each with the ``context`` it was queued in and, by default, its
+    ``arrival``."""
     if _active is None:
-        yield
-        return
-    with _active.batch(model, batch_id, callers):
-        yield
+        return _QUIET
+    return _active.batch(model, batch_id, callers, arrival)
+
+
+def direct_span(model: str, call_id: int, arrival: float) -> AbstractContextManager[None]:
+    """:func:`batch_span` for a model call serving the current request alone, which arrived at
+    ``arrival`` (``time.monotonic()``); nothing is built when tracing is off."""
+    if _active is None:
+        return _QUIET
+    return _active.batch(model, call_id, (Here(arrival),), _ARRIVAL)
+
+
+class Here:
+    """A caller that did not queue (a direct call): the current context, arrived at ``arrival``."""
+
+    __slots__ = ("arrival", "context")
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.context = contextvars.copy_context()

@@ -17,8 +17,8 @@ from ..errors import Cancelled, PayloadTooLarge, ServerError
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
-from .errors import headers_of, status_of
 from .sequence import read_sequence_headers, sequence_headers
+from .status import headers_of, status_of
 
 logger = logging.getLogger(__name__)
 

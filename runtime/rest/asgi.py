@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from ..dataplane import DataPlane
 from ..errors import ServerError
 from .app import RestApi, _http_error, _server_error, _unexpected
-from .repository import repository_routes
+from .repository_routes import repository_routes
 from .sse_routes import StreamingApi
 
 _PREFIX = "/v2/models/"

@@ -11,7 +11,7 @@
 
 Everything protocol-related happens in the core (``DataPlane.infer_stream``, ``DataPlane.generate``,
 ``runtime.generate``); these handlers only translate. Errors before the first event are JSON errors
-with the status of ``runtime.rest.errors``; after it, ``event: error`` (see ``runtime.rest.sse``).
+with the status of ``runtime.rest.status``; after it, ``event: error`` (see ``runtime.rest.sse``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
 from .adaptive import AdaptiveScheduler
-from .base import RequestFailed, Scheduler
 from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
+from .scheduler import RequestFailed, Scheduler
 from .sequence_batching import SequenceScheduler
 
 logger = logging.getLogger(__name__)

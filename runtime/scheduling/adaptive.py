@@ -52,9 +52,9 @@ from ..model import MLModel
 from ..observability.tracing import batch_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
-from .base import Scheduler
 from .batching import batch_shape, merge, split
 from .queueing import Waiter, WaitQueue, queue_timeout, reject, resolve, wait_for_response
+from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

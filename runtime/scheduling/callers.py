@@ -21,8 +21,8 @@ from ..sequences.identity import mark_response
 from ..sequences.lifecycle import Pending
 from ..streams.pipeline import Outbox, stop_tasks
 from ..types import InferenceRequest, InferenceResponse, Parameters
-from .base import RequestFailed
 from .queueing import Waiter
+from .scheduler import RequestFailed
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""

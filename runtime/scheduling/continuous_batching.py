@@ -42,6 +42,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,13 +51,14 @@ from typing import Any
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import ModelFailed, ModelNotReady, ShuttingDown
 from ..model import MLModel
+from ..observability.tracing import batch_span
 from ..sequences.identity import parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import RequestFailed, Scheduler
 from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout
 from .running_set_strategy import RunningSet
+from .scheduler import RequestFailed, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -349,8 +351,10 @@ class ContinuousScheduler(Scheduler):
         size = len(active)
         step_id = next(self._step_ids)
         streams = [entry.stream for entry in active]
+        start = time.monotonic()
         try:
-            results = list(await self._call_step(streams))
+            with batch_span(self.name, step_id, active, _waited):
+                results = list(await self._call_step(streams))
             if len(results) != size:
                 raise ModelFailed(
                     f"Model {self.name!r} returned {len(results)} step results for {size} streams"
@@ -372,7 +376,8 @@ class ContinuousScheduler(Scheduler):
                 return
         self.steps += 1
         self.largest_batch = max(self.largest_batch, size)
-        self.stats.executed(size)
+        queued = sum(start - entry.arrival for entry in active if entry.stream.steps == 0)
+        self.stats.executed(size, queued, time.monotonic() - start)
         leaving: list[tuple[Entry, StreamEnd]] = []
         for entry, result in zip(active, results, strict=True):
             entry.stream.steps += 1
@@ -453,3 +458,8 @@ class ContinuousScheduler(Scheduler):
                 logger.exception("Model %r failed in end_stream (%s)", self.name, reason)
         if self.sequences is not None:
             await self.sequences.left(entry, finished=reason == "finished")
+
+
+def _waited(entry: Entry) -> float | None:
+    """When a stream began to wait, for its first step only (it waits no more once running)."""
+    return entry.arrival if entry.stream.steps == 0 else None

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from ..errors import Overloaded
 from ..model import MLModel
+from ..observability.tracing import direct_span
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import Scheduler
+from .scheduler import Scheduler
 
 
 class DirectScheduler(Scheduler):
@@ -27,6 +29,7 @@ class DirectScheduler(Scheduler):
         self._inside = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._calls = itertools.count(1)
 
     def _leave(self) -> None:
         self._inside -= 1
@@ -44,11 +47,12 @@ class DirectScheduler(Scheduler):
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         self._enter()
-        start = time.perf_counter()
+        start = time.monotonic()
         try:
-            return await self.executor.call_predict(request)
+            with direct_span(self.settings.name, next(self._calls), start):
+                return await self.executor.call_predict(request)
         finally:
-            self.stats.executed(1, compute=time.perf_counter() - start)
+            self.stats.executed(1, compute=time.monotonic() - start)
             self._leave()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:

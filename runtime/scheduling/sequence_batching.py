@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
+from ..observability.tracing import batch_span
 from ..sequences.engine import STORED, SequenceEngine
 from ..sequences.identity import SequenceControl, mark_response, parse_control
 from ..sequences.lifecycle import Pending, Sequences
@@ -37,11 +40,13 @@ from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .base import RequestFailed, Scheduler
 from .batch_strategy import OneInFlight
+from .scheduler import RequestFailed, Scheduler
 from .sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
+
+_QUEUED_AT = operator.attrgetter("queued_at")
 
 
 class SequenceScheduler(Scheduler):
@@ -217,10 +222,11 @@ class SequenceScheduler(Scheduler):
         self._running = len(batch)
         self.batches += 1
         self.steps += len(batch)
-        self.stats.executed(len(batch))
         self.largest_batch = max(self.largest_batch, len(batch))
+        start = time.monotonic()
         try:
-            results = list(await self.seq_model.predict_sequences(steps))
+            with batch_span(self.settings.name, self.batches, batch, _QUEUED_AT):
+                results = list(await self.seq_model.predict_sequences(steps))
             if len(results) != len(steps):
                 error = ModelFailed(
                     f"Model {self.settings.name!r} returned {len(results)} results for {len(steps)} sequence steps"
@@ -230,6 +236,8 @@ class SequenceScheduler(Scheduler):
             results = [exc] * len(steps)
         finally:
             self._running = 0
+            queued = sum(start - pending.queued_at for pending in batch)
+            self.stats.executed(len(batch), queued, time.monotonic() - start)
 
         # keep the new states, then answer the callers (a state that could not be kept fails its
         # batch rather than leave a sequence to go on from a stale state), then tell the model of

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ..sequences.identity import SequenceControl, parse_control
 from ..sequences.lifecycle import Pending
 from ..types import InferenceRequest, InferenceResponse
-from .base import RequestFailed
+from .scheduler import RequestFailed
 
 
 class SequenceSubmitter(Protocol):

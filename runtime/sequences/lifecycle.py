@@ -16,6 +16,8 @@ loop and owns the timers, the state store and the model calls. Rules (../shared/
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,10 @@ class Pending:
     replaces: EndReason | None = None
     """On a START that arrived while the id was open: why the old sequence ends when this runs."""
     running: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
+    """When it was accepted (``time.monotonic()``), for its queue time."""
+    context: contextvars.Context = field(default_factory=contextvars.copy_context, repr=False)
+    """The caller's context (its trace span, for the batch's spans)."""
 
 
 @dataclass(eq=False, slots=True)

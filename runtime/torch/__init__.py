@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .settings import TorchSettings
+from .torch_settings import TorchSettings
 
 if TYPE_CHECKING:
-    from .model import TorchModel
     from .runner import TensorSpec, TorchRunner
+    from .torch_model import TorchModel
 
 __all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSettings"]
 
 _LAZY = {
-    "TorchModel": ".model",
+    "TorchModel": ".torch_model",
     "TorchRunner": ".runner",
     "TensorSpec": ".runner",
-    "TorchSequenceModel": ".model",  # the earlier name of TorchModel, for settings that name it
+    "TorchSequenceModel": ".torch_model",  # the earlier name of TorchModel, for settings that name it
 }
 
 

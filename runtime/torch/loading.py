@@ -19,7 +19,7 @@ import torch
 
 from ..repository import RepositoryError, import_model_class
 from ..settings import ModelSettings
-from .settings import TorchConfig
+from .torch_settings import TorchConfig
 
 # torch's loaders keep process-wide state (torch.export.load sets a global deserializer and
 # fails if another thread is inside it), so artefacts are loaded one at a time

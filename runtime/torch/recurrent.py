@@ -24,7 +24,7 @@ from ..settings import ModelSettings
 from ..tensors import dtype_of
 from ..types import InferenceRequest, InferenceResponse
 from .runner import TorchRunner
-from .settings import StopRule, TorchSettings
+from .torch_settings import StopRule, TorchSettings
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, tuple[np.ndarray, str]]

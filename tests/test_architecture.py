@@ -1,0 +1,93 @@
+"""The house plan in code: one-way imports, no cycles, one module per name.
+
+``lint-imports`` (the contract in ``.importlinter``) checks the layers; these tests check what a
+layers contract cannot: that no group of modules inside ``runtime`` imports itself round in a
+circle (imports inside functions included, since grimp reads every import statement), and that no
+two modules share a file name, so that a module's name says which one it is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "runtime"
+GENERATED = "runtime.grpc.generated"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph = grimp.build_graph("runtime")
+    modules = {m for m in graph.modules if not m.startswith(GENERATED)}
+    return {m: {d for d in graph.find_modules_directly_imported_by(m) if d in modules} for m in modules}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(root, sorted(edges[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(edges[nxt])))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _is_package_edge(importer: str, imported: str) -> bool:
+    """A package's ``__init__`` re-exporting its own submodules is not a cycle of ideas."""
+    return imported.startswith(importer + ".") or importer.startswith(imported + ".")
+
+
+def test_no_import_cycles_inside_runtime() -> None:
+    edges = {m: {d for d in deps if not _is_package_edge(m, d)} for m, deps in _import_graph().items()}
+    assert _cycles(edges) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_two_modules_share_a_name() -> None:
+    names = Counter(
+        path.name
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" and "generated" not in path.parts
+    )
+    assert [name for name, count in names.items() if count > 1] == []
