@@ -71,6 +71,23 @@ class Parameters(_Base):
     """Transport headers a model may want to read (filled by the REST transport when asked)."""
 
 
+def set_extra(parameters: Parameters, name: str, value: Any) -> None:
+    """``setattr(parameters, name, value)`` for a name that is not one of Parameters' fields.
+
+    What pydantic does for such a name (it keeps it as an extra field), without the checks it runs
+    on every such assignment, since it cannot remember its answer for a free-form name.
+    """
+    extra = parameters.__pydantic_extra__
+    if extra is None or name in _NOT_EXTRA or type(parameters) is not Parameters:
+        setattr(parameters, name, value)
+        return
+    extra[name] = value
+    parameters.__pydantic_fields_set__.add(name)
+
+
+_NOT_EXTRA = frozenset(Parameters.model_fields) | frozenset(dir(Parameters))
+
+
 class TensorData(RootModel[Any]):
     """A tensor's data as MLServer models it; kept for code that imports the name."""
 
@@ -196,4 +213,5 @@ __all__ = [
     "State",
     "TensorData",
     "UInt64",
+    "set_extra",
 ]

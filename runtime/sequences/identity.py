@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import SequenceError
 from ..ids import new_secret_id
-from ..types import InferenceRequest, InferenceResponse, Parameters
+from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
 
 ID = "sequence_id"
 START = "sequence_start"
@@ -132,7 +132,7 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         if name != ID:
             value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
-            setattr(request.parameters, name, value)
+            set_extra(request.parameters, name, value)
             continue
         same = str(_id(extra[name])) == str(_id(value)) if name == ID else _flag(extra[name], name) == value
         if not same:
@@ -145,8 +145,8 @@ def mark_response(response: InferenceResponse, control: SequenceControl, ended: 
     """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``."""
     if response.parameters is None:
         response.parameters = Parameters()
-    response.parameters.sequence_id = control.echo  # type: ignore[attr-defined]
+    set_extra(response.parameters, "sequence_id", control.echo)
     if ended:
-        response.parameters.sequence_end = True  # type: ignore[attr-defined]
+        set_extra(response.parameters, "sequence_end", True)
     elif "sequence_end" in (response.parameters.model_extra or {}):
         del response.parameters.model_extra["sequence_end"]  # type: ignore[union-attr]
