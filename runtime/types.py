@@ -71,6 +71,17 @@ class Parameters(_Base):
     """Transport headers a model may want to read (filled by the REST transport when asked)."""
 
 
+def set_field(model: BaseModel, name: str, value: Any) -> None:
+    """``setattr(model, name, value)`` for a declared field of a request or response model: what
+    pydantic's own handler does for it (these models neither validate assignments nor freeze),
+    without its dispatch. A subclass made elsewhere goes through pydantic as usual."""
+    if type(model) in _PLAIN:
+        model.__dict__[name] = value
+        model.__pydantic_fields_set__.add(name)
+    else:
+        setattr(model, name, value)
+
+
 def set_extra(parameters: Parameters, name: str, value: Any) -> None:
     """``setattr(parameters, name, value)`` for a name that is not one of Parameters' fields.
 
@@ -193,6 +204,8 @@ class RepositoryIndexResponse(RootModel[list[RepositoryIndexResponseItem]]):
     pass
 
 
+_PLAIN = frozenset({InferenceRequest, InferenceResponse, RequestInput, ResponseOutput})
+
 __all__ = [
     "Datatype",
     "InferenceErrorResponse",
@@ -214,4 +227,5 @@ __all__ = [
     "TensorData",
     "UInt64",
     "set_extra",
+    "set_field",
 ]
