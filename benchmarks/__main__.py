@@ -127,8 +127,11 @@ def launch(folder: Path, checkout: Path, env: dict[str, str] | None = None) -> R
     if checkout == ROOT:
         return start_server(folder, timeout=180, env=env)
     command = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1"]
+    command += ["--http-port", "0", "--grpc-port", "0"]
+    if "metrics_port" in (checkout / "runtime" / "settings.py").read_text():
+        command += ["--metrics-port", "0"]  # a checkout that serves metrics, on a port of their own
     process = subprocess.Popen(
-        [*command, "--http-port", "0", "--grpc-port", "0"],
+        command,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
