@@ -15,6 +15,7 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 from .errors import InvalidInput, ModelFailed, ModelNotFound, RequestTimeout, ShuttingDown
+from .fairness import LoopTurns
 from .generate import (
     GenerateRequest,
     GenerateResponse,
@@ -61,6 +62,8 @@ class DataPlane:
         self.draining = False
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
+        self.turns = LoopTurns(settings.transport_fairness)
+        """REST and gRPC's fair turns in the one event loop (see runtime.fairness)."""
         self.observer: Observer | None = None
         """Metrics and traces of requests and streams (None: both off); see runtime.observability."""
         self.expected: set[tuple[str, str | None]] = set()

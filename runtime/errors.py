@@ -6,13 +6,16 @@ its own codes through one table (``runtime/rest/status.py``, ``runtime/grpc/stat
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
     │   ├── SequenceError     unknown, ended or malformed sequence                  400 / INVALID_ARGUMENT
-    │   └── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
+    │   ├── PayloadTooLarge   the body is over the configured limit                 413 / RESOURCE_EXHAUSTED
+    │   ├── Conflict          (management) it exists already                        409 on the management API
+    │   └── Forbidden         (management) not allowed: a URL, the default version  403 on the management API
     ├── ModelNotFound         no model (or version) of that name                    404 / NOT_FOUND
     ├── Unavailable           the server cannot take this work now                  503 / UNAVAILABLE
     │   ├── ModelNotReady     the model exists but is not ready (loading, failed)
     │   ├── Overloaded        a queue or a capacity limit is full
     │   ├── RequestTimeout    the request took longer than its timeout (running or queued)
     │   │   └── QueueTimeout  it waited in a queue for longer than its timeout
+    │   ├── WorkerLost        the worker process serving it died
     │   └── ShuttingDown      the server is draining
     ├── ModelFailed           the model raised; the cause is chained                500 / INTERNAL
     └── Cancelled             the caller went away or cancelled                     499 / CANCELLED
@@ -60,6 +63,15 @@ class PayloadTooLarge(InvalidInput):
     """The request body is larger than the server accepts."""
 
 
+class Conflict(InvalidInput):
+    """A management request would create what exists already (a model version registered twice)."""
+
+
+class Forbidden(InvalidInput):
+    """A management request that is not allowed (a URL outside ``allowed_urls``, removing the
+    default version while others remain)."""
+
+
 class ModelNotFound(ServerError):
     """No model of that name, or no such version of it, is in the repository."""
 
@@ -93,6 +105,11 @@ class QueueTimeout(RequestTimeout):
     """The request waited in a queue for longer than its timeout allowed."""
 
 
+class WorkerLost(Unavailable):
+    """The worker process serving the request died (killed, crashed, out of memory) before it
+    answered; the worker is restarted, and trying again may succeed."""
+
+
 class ShuttingDown(Unavailable):
     """The server is draining and takes no new work."""
 
@@ -107,6 +124,8 @@ class Cancelled(ServerError):
 
 __all__ = [
     "Cancelled",
+    "Conflict",
+    "Forbidden",
     "InvalidInput",
     "ModelFailed",
     "ModelNotFound",
@@ -119,5 +138,6 @@ __all__ = [
     "ServerError",
     "ShuttingDown",
     "Unavailable",
+    "WorkerLost",
     "shown",
 ]

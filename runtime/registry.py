@@ -15,10 +15,11 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .errors import InvalidInput, ModelNotFound, ModelNotReady
+from .errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
 from .model import MLModel
 from .repository import import_model_class, relative_paths
 from .scheduling import Scheduler, make_scheduler
+from .scheduling.worker_executor import WorkerExecutor
 from .settings import ModelSettings
 from .types import RepositoryIndexResponseItem, State
 
@@ -34,6 +35,8 @@ class ModelEntry:
     reason: str = ""
     model: MLModel | None = None
     scheduler: Scheduler | None = field(default=None, repr=False)
+    workers: WorkerExecutor | None = field(default=None, repr=False)
+    """The worker processes running the model (None: it runs in the server process)."""
 
     @property
     def name(self) -> str:
@@ -45,6 +48,8 @@ class ModelEntry:
 
     @property
     def ready(self) -> bool:
+        if self.workers is not None and not self.workers.ready:
+            return False  # every worker is dead or restarting
         return self.state is State.READY and self.model is not None and self.model.ready
 
 
@@ -58,11 +63,19 @@ def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
 class Registry:
     """Loaded models by name and version."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, parallel_workers: int = 0, grace: float = 30.0
+    ) -> None:
         self.root = root
         """The model repository's folder: paths under it are shown relative to it in reasons."""
+        self.parallel_workers = parallel_workers
+        """Worker processes per model for models whose settings do not set ``workers``."""
+        self.grace = grace
+        """Seconds a worker gets to finish its work when its model is unloaded or scaled down."""
         self._entries: dict[str, dict[str | None, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._defaults: dict[str, str | None] = {}
+        """Default versions chosen through the management API (``set_default``)."""
 
     # ------------------------------------------------------------------ lookups
 
@@ -84,7 +97,19 @@ class Registry:
             if entry is None:
                 raise ModelNotFound(name, version)
             return entry
+        chosen = self._defaults.get(name, "")
+        if chosen != "" and chosen in versions:
+            return versions[chosen]
         return self._default(versions)
+
+    def default_version(self, name: str) -> str | None:
+        """The version that requests naming no version go to."""
+        return self.find(name).version
+
+    def set_default(self, name: str, version: str) -> None:
+        """Make ``version`` the one that requests naming no version of ``name`` go to."""
+        self.find(name, version)  # raises ModelNotFound
+        self._defaults[name] = version
 
     @staticmethod
     def _default(versions: dict[str | None, ModelEntry]) -> ModelEntry:
@@ -144,11 +169,19 @@ class Registry:
             logger.info("Model %r (version %s) loaded", settings.name, settings.version)
             return entry
 
+    def workers_for(self, settings: ModelSettings) -> int:
+        """How many worker processes run a model with these settings (0: the server process)."""
+        return settings.workers if settings.workers is not None else self.parallel_workers
+
     async def _start(self, entry: ModelEntry) -> None:
         cls = import_model_class(entry.settings)
         if not issubclass(cls, MLModel):
             raise TypeError(f"{cls.__qualname__} is not a subclass of runtime.MLModel")
         model = cls(entry.settings)
+        workers = self.workers_for(entry.settings)
+        if workers:
+            await self._start_in_workers(entry, model, workers)
+            return
         loaded = await model.load()
         if loaded is False:
             raise RuntimeError("load() returned False")
@@ -163,17 +196,59 @@ class Registry:
         entry.model, entry.scheduler = model, scheduler
         entry.state, entry.reason = State.READY, ""
 
+    async def _start_in_workers(self, entry: ModelEntry, model: MLModel, workers: int) -> None:
+        """Each of ``workers`` processes loads its own copy of the model; the instance here is not
+        loaded: it only tells the scheduler what kind of model it is."""
+        executor = WorkerExecutor(entry.settings, workers, grace=self.grace)
+        await executor.start()
+        model.ready = True
+        try:
+            scheduler = make_scheduler(model, entry.settings, executor)
+            await scheduler.start()
+        except BaseException:
+            model.ready = False
+            await executor.stop()
+            raise
+        entry.model, entry.scheduler, entry.workers = model, scheduler, executor
+        entry.state, entry.reason = State.READY, ""
+
     async def _retire(self, entry: ModelEntry) -> None:
         entry.state = State.UNLOADING
         try:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
+            if entry.workers is not None:  # they drain, unload their copies and exit
+                await entry.workers.stop()
+            if entry.scheduler is not None:
                 entry.scheduler.executor.close()
+            if entry.workers is not None:  # the instance here was never loaded
+                if entry.model is not None:
+                    entry.model.ready = False
+                return
             if entry.model is not None:
                 entry.model.ready = False
                 await entry.model.unload()
         except Exception:
             logger.exception("Model %r (version %s) failed to unload", entry.name, entry.version)
+
+    async def scale(self, entry: ModelEntry, workers: int) -> None:
+        """Run ``entry``'s model in ``workers`` worker processes (0: in the server process).
+
+        A model already in workers scales in place: new workers start, or the idlest retire after
+        their work and their open sequences. Moving between the server process and workers
+        reloads the model (the registry swaps the new instance in once it is ready).
+        """
+        executor = entry.workers
+        if workers >= 1 and executor is not None:
+            await executor.scale(workers)
+            entry.settings.workers = workers
+            return
+        source = entry.settings._source
+        settings = entry.settings.model_copy(update={"workers": workers})
+        settings._source = source
+        reloaded = await self.load(settings)
+        if reloaded.state is State.UNAVAILABLE:
+            raise ModelFailed(f"Model {entry.name!r} could not be reloaded: {reloaded.reason}")
 
     async def unload(self, name: str, version: str | None = None) -> None:
         """Unload one version (or every version of ``name`` when version is None)."""
@@ -187,6 +262,9 @@ class Registry:
                 await self._retire(entry)
             if not versions:
                 del self._entries[name]
+                self._defaults.pop(name, None)
+            elif self._defaults.get(name, "") not in versions:
+                self._defaults.pop(name, None)
             logger.info("Model %r unloaded", name)
 
     async def unload_all(self) -> None:

@@ -22,6 +22,7 @@ import uvicorn
 
 from .dataplane import DataPlane
 from .grpc import GrpcServer
+from .management import Management, ManagementKey, create_management_app
 from .model import MLModel
 from .observability import Observability
 from .registry import Registry
@@ -62,7 +63,9 @@ class Server:
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.registry = Registry(settings.model_repository_root)
+        self.registry = Registry(
+            settings.model_repository_root, settings.parallel_workers, settings.shutdown_grace_period
+        )
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
         self.http_port: int | None = None
@@ -73,6 +76,11 @@ class Server:
         self._http_task: asyncio.Task[None] | None = None
         self._metrics: _Uvicorn | None = None
         self._metrics_task: asyncio.Task[None] | None = None
+        self.management_port: int | None = None
+        self.management: Management | None = None
+        self._management_key: ManagementKey | None = None
+        self._management_http: _Uvicorn | None = None
+        self._management_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
         self._watchdog: LoopWatchdog | None = None
@@ -105,6 +113,8 @@ class Server:
             )
         self._grpc = GrpcServer(self.dataplane, self.settings, self.observability.grpc_interceptors())
         self.grpc_port = await self._grpc.start()
+        if self.settings.management_enabled:
+            await self._start_management()
         # What was loaded so far (frameworks, weights) lives until exit: move it out of the
         # collector's reach, so that full collections stay short on the serving path. Collecting
         # the young generations first frees what loading left behind; a full collection would also
@@ -117,8 +127,11 @@ class Server:
         self.dataplane.started = True
         await self._grpc.health.refresh()
 
-    async def _serve_http(self, app: Any, port: int) -> tuple[_Uvicorn, asyncio.Task[None], int]:
-        """Serve an ASGI app with uvicorn in this loop on ``settings.host:port``; return it and its port."""
+    async def _serve_http(
+        self, app: Any, port: int, host: str | None = None
+    ) -> tuple[_Uvicorn, asyncio.Task[None], int]:
+        """Serve an ASGI app with uvicorn in this loop on ``host:port`` (``settings.host`` by
+        default); return it and its port."""
         config = uvicorn.Config(
             app,
             lifespan="off",
@@ -131,7 +144,7 @@ class Server:
             loop="none",
             server_header=False,
         )
-        sock = bind(self.settings.host, port)
+        sock = bind(host or self.settings.host, port)
         server = _Uvicorn(config)
         config.load()
         server.lifespan = config.lifespan_class(config)
@@ -144,6 +157,26 @@ class Server:
         await server.main_loop()
         await server.shutdown(sockets=[sock])
 
+    async def _start_management(self) -> None:
+        """The management API on its own port, guarded by a key unless token auth is off."""
+        settings = self.settings
+        if settings.management_token_auth:
+            self._management_key = ManagementKey(settings.management_key_file)
+            self._management_key.write()
+        elif settings.management_host not in ("127.0.0.1", "localhost", "::1"):
+            logger.warning(
+                "The management API listens on %s without token authorization: anyone who reaches "
+                "it can register and run code",
+                settings.management_host,
+            )
+        self.management = Management(settings, self.registry)
+        app = create_management_app(self.management, self._management_key)
+        served = await self._serve_http(app, settings.management_port, settings.management_host)
+        self._management_http, self._management_task, self.management_port = served
+        logger.info(
+            "Management API listening on http://%s:%d", settings.management_host, self.management_port
+        )
+
     def _models(self) -> list[MLModel]:
         return [entry.model for entry in self.registry.entries() if entry.model is not None]
 
@@ -154,6 +187,8 @@ class Server:
             endpoints += f" grpc={self.settings.host}:{self.grpc_port}"
         if self.metrics_port is not None:
             endpoints += f" metrics={self.settings.host}:{self.metrics_port}"
+        if self.management_port is not None:
+            endpoints += f" management={self.settings.management_host}:{self.management_port}"
         return endpoints
 
     def request_stop(self) -> None:
@@ -182,7 +217,14 @@ class Server:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             draining.append(self._http_task)
+        if self._management_http is not None and self._management_task is not None:
+            self._management_http.should_exit = True
+            draining.append(self._management_task)
         await asyncio.gather(*draining)
+        if self.management is not None:
+            await self.management.close()
+        if self._management_key is not None:
+            self._management_key.remove()
         cut.cancel()
         await self._wait_streams()
         await self.registry.unload_all()

@@ -136,8 +136,43 @@ class Settings(BaseSettings):
     """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
     without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
 
+    transport_fairness: bool = True
+    """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
+    served, REST ``infer`` requests start one per loop iteration, so that gRPC (which accepts one
+    call at a time) is not starved by many REST connections. REST alone is not slowed. See
+    runtime/fairness.py and the README's "REST and gRPC together"."""
+
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
+
+    parallel_workers: int = Field(default=0, ge=0)
+    """Worker processes that run each model whose model-settings.json does not set ``workers``
+    (MLServer's name): 0 runs models in the server process; N >= 1 runs N processes per model,
+    each with its own copy of it."""
+
+    management_port: int = Field(default=8083, ge=0, le=65535)
+    """Port of the management API (TorchServe's REST shape: list, describe, register, scale,
+    set-default, unregister); 0 picks a free port."""
+
+    management_host: str = "127.0.0.1"
+    """Address the management API listens on (loopback unless set otherwise)."""
+
+    management_enabled: bool = True
+    """Serve the management API."""
+
+    management_token_auth: bool = True
+    """Require ``Authorization: Bearer <key>`` on the management API, with a key generated at start
+    and written to ``management_key_file`` (readable by the server's user only), as TorchServe
+    0.11 does. Turn it off only where the port is otherwise protected."""
+
+    management_key_file: str = ""
+    """Where the management key is written (JSON ``{"management": {"key": ...}}``, mode 0600,
+    removed at stop); empty: a ``key_file.json`` in a private temporary folder, whose path is logged."""
+
+    allowed_urls: list[str] = []
+    """Regular expressions (case-insensitive, matching the whole path or URL) of what models may be
+    registered from through the management API. Empty: only folders and archives inside
+    ``model_repository_root``."""
 
     grpc_stream_format: Literal["mlserver", "triton"] = "mlserver"
     """What ModelStreamInfer streams back. ``mlserver``: ModelInferResponse messages, as MLServer and
@@ -299,6 +334,13 @@ class ModelSettings(BaseSettings):
     together and advance one step at a time (the model subclasses ``runtime.ContinuousModel`` and
     implements ``step``); finished streams leave and waiting ones join at every step. Streams wait to
     join in a queue of at most ``max_queue_size``, for at most ``queue_timeout`` seconds."""
+
+    workers: int | None = Field(default=None, ge=0)
+    """Worker processes that run this model, each with its own copy of it (loaded from these
+    settings): 0 keeps it in the server process; N >= 1 runs N processes, requests going to the
+    least busy one and every request of a sequence to the one holding its state. A worker that
+    dies is restarted; only the requests it held fail (503). Unset: the server's
+    ``parallel_workers``."""
 
     # ---- sequence batching (stateful models); see runtime.sequences
 

@@ -118,6 +118,8 @@ def start_server(
         cmd += ["--grpc-port", "0"]
     if "--metrics-port" not in args:
         cmd += ["--metrics-port", "0"]
+    if "--management-port" not in args:
+        cmd += ["--management-port", "0"]
     cmd += list(args)
     process = subprocess.Popen(
         cmd,
@@ -139,6 +141,7 @@ async def serving(
 ) -> AsyncIterator[Server]:
     """A real server (REST and gRPC) in this event loop, on 127.0.0.1 and free ports."""
     settings.setdefault("metrics_port", 0)
+    settings.setdefault("management_port", 0)
     server = Server(
         Settings(host="127.0.0.1", http_port=0, grpc_port=0, shutdown_grace_period=grace, **settings),
         tracer_provider=tracer_provider,

@@ -130,7 +130,16 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         result = run_cli(
-            "start", str(tmp_path), "--http-port", "0", "--grpc-port", str(port), "--metrics-port", "0"
+            "start",
+            str(tmp_path),
+            "--http-port",
+            "0",
+            "--grpc-port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--management-port",
+            "0",
         )
     assert result.returncode == 1
     assert "Cannot start serving" in result.stderr and "Traceback" not in result.stderr

@@ -87,6 +87,7 @@ class InferenceServicer:
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         name, version = request.model_name, request.model_version or None
+        self.dataplane.turns.grpc_call()
         self.dataplane.check_model(name, version)
         response = await self.dataplane.infer(request_from_proto(request), name, version)
         message = response_to_proto(response, bool(request.raw_input_contents))

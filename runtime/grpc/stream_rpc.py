@@ -36,6 +36,7 @@ import grpc
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
+from ..fairness import LoopTurns
 from ..streams.client_streams import Reply, Routed
 from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
@@ -51,10 +52,11 @@ EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 async def _routed(
-    context: grpc.aio.ServicerContext, tag: Callable[[pb.ModelInferRequest], T]
+    context: grpc.aio.ServicerContext, tag: Callable[[pb.ModelInferRequest], T], turns: LoopTurns
 ) -> AsyncGenerator[Routed[T], None]:
     """The call's requests, as the core reads them, until the client half-closes."""
     while (message := await context.read()) is not grpc.aio.EOF:
+        turns.grpc_call()
         yield Routed(
             model=message.model_name,
             version=message.model_version or None,
@@ -106,7 +108,7 @@ def _mlserver_message(reply: Reply[bool]) -> pb.ModelInferResponse:
 
 
 async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
-    async with aclosing(_routed(context, _is_raw)) as items:
+    async with aclosing(_routed(context, _is_raw, dataplane.turns)) as items:
         async with aclosing(dataplane.infer_routed(items)) as replies:
             async for reply in replies:
                 await context.write(_mlserver_message(reply))
@@ -172,7 +174,7 @@ def _triton_messages(reply: Reply[_Request]) -> Iterator[pb.ModelStreamInferResp
 
 
 async def serve_triton_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
-    async with aclosing(_routed(context, _Request)) as items:
+    async with aclosing(_routed(context, _Request, dataplane.turns)) as items:
         async with aclosing(dataplane.infer_each(items)) as replies:
             async for reply in replies:
                 for message in _triton_messages(reply):

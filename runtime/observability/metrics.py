@@ -68,7 +68,8 @@ def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
     )
     rejected = CounterMetricFamily(
         "model_infer_request_rejected",
-        "Inference requests refused with 503 (reason: overloaded, queue_timeout, not_ready, shutting_down)",
+        "Inference requests refused with 503 (reason: overloaded, queue_timeout, not_ready, shutting_down, "
+        "worker_lost)",
         labels=(*MODEL_LABELS, "reason"),
     )
     streams_open = GaugeMetricFamily("model_streams_open", "Streams being served now", labels=MODEL_LABELS)
@@ -244,6 +245,38 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
             waiting.add_metric(labels, own.get("queued_streams", 0))
     yield from (count, execs, queue_us, compute_us, batch, depth, seq_open, seq_ended, seq_rejected, states)
     yield from (running, waiting)
+    yield from _worker_families(registry)
+
+
+def _worker_families(registry: Registry) -> Iterator[Metric]:
+    """The worker processes of the models that run in them (``workers`` >= 1)."""
+    workers = GaugeMetricFamily(
+        "model_workers",
+        "Worker processes of the model, by status (READY, STARTING, DRAINING, STOPPING, DEAD)",
+        labels=(*MODEL_LABELS, "status"),
+    )
+    restarts = CounterMetricFamily(
+        "model_worker_restarts", "Worker processes started again after one died", labels=MODEL_LABELS
+    )
+    memory = GaugeMetricFamily(
+        "model_worker_memory_bytes",
+        "Resident memory of each worker process",
+        labels=(*MODEL_LABELS, "worker"),
+    )
+    for entry in registry.entries():
+        pool = entry.workers.pool if entry.workers is not None else None
+        if pool is None:
+            continue
+        labels = [entry.name, entry.version or ""]
+        by_status: dict[str, int] = {}
+        for described in pool.describe():
+            by_status[described["status"]] = by_status.get(described["status"], 0) + 1
+            if described["memoryUsage"] is not None:
+                memory.add_metric([*labels, described["id"]], described["memoryUsage"])
+        for status, n in sorted(by_status.items()):
+            workers.add_metric([*labels, status], n)
+        restarts.add_metric(labels, pool.restarts)
+    yield from (workers, restarts, memory)
 
 
 def new_registry(collector: ServerCollector) -> CollectorRegistry:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown
+from ..errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown, WorkerLost
 from .counts import ModelCounters, Recorder
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ REJECTIONS: tuple[tuple[type[Exception], str], ...] = (
     (QueueTimeout, "queue_timeout"),
     (ModelNotReady, "not_ready"),
     (ShuttingDown, "shutting_down"),
+    (WorkerLost, "worker_lost"),
 )
 
 

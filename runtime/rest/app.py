@@ -75,6 +75,7 @@ class RestApi:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
+        self.turns = dataplane.turns
         self.max_request_size = dataplane.settings.max_request_size
 
     async def live(self, request: Request) -> Response:
@@ -116,6 +117,8 @@ class RestApi:
         """The two ASGI messages (start and body) that answer an infer request; nothing is sent."""
         request = Request(scope, receive)
         name, version = _model(request)
+        if self.turns.contended() or self.turns.waiting:
+            await self.turns.rest_turn()
         inference_request = await self.read_inference_request(request, name, version)
         response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name, version))
         body, headers = encode_response(response, inference_request)

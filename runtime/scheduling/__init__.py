@@ -11,17 +11,27 @@ from ..settings import ModelSettings
 from .adaptive import AdaptiveScheduler
 from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
+from .forwarding import ForwardingScheduler
 from .scheduler import RequestFailed, Scheduler
 from .sequence_batching import SequenceScheduler
+from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
 
-def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
+def make_scheduler(
+    model: MLModel, settings: ModelSettings, workers: WorkerExecutor | None = None
+) -> Scheduler:
     """The scheduler a model's settings ask for: continuous batching when ``continuous_batching``
     is set; else sequence batching when ``sequence_batching`` is set; else adaptive batching when
-    ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in MLServer); else direct."""
+    ``max_batch_size`` > 1 and ``max_batch_time`` > 0 (as in MLServer); else direct.
+
+    With ``workers`` the model runs in worker processes: the scheduler hands them its batches,
+    streams and sequence steps; a continuous batcher runs inside each worker instead, and the
+    server forwards requests to them."""
     if settings.continuous_batching:
+        if workers is not None:
+            return ForwardingScheduler(model, settings, workers)
         return ContinuousScheduler(model, settings)
     if isinstance(model, ContinuousModel) and not _answers_alone(model):
         logger.warning(
@@ -31,15 +41,15 @@ def make_scheduler(model: MLModel, settings: ModelSettings) -> Scheduler:
         )
     if settings.sequence_batching:
         # requests outside any sequence go to the model's predict, scheduled as for any model
-        stateless = _stateless(model, settings) if serves_stateless(model) else None
-        return SequenceScheduler(model, settings, stateless=stateless)
+        stateless = _stateless(model, settings, workers) if serves_stateless(model) else None
+        return SequenceScheduler(model, settings, stateless=stateless, workers=workers)
     if isinstance(model, SequenceModel) and not serves_stateless(model):
         logger.warning(
             "Model %r is a SequenceModel but its settings do not set sequence_batching: true; "
             "it gets no sequence state",
             settings.name,
         )
-    return _stateless(model, settings)
+    return _stateless(model, settings, workers)
 
 
 def _answers_alone(model: MLModel) -> bool:
@@ -51,18 +61,27 @@ def _answers_alone(model: MLModel) -> bool:
     )
 
 
-def _stateless(model: MLModel, settings: ModelSettings) -> Scheduler:
+def _stateless(model: MLModel, settings: ModelSettings, workers: WorkerExecutor | None) -> Scheduler:
     if settings.max_batch_size > 1 and settings.max_batch_time > 0:
-        return AdaptiveScheduler(model, settings)
-    return DirectScheduler(model, settings)
+        adaptive = AdaptiveScheduler(model, settings)
+        if workers is not None:  # at least one batch in flight per worker
+            adaptive.max_concurrent_batches = max(adaptive.max_concurrent_batches, workers.pool.target)
+        scheduler: Scheduler = adaptive
+    else:
+        scheduler = DirectScheduler(model, settings)
+    if workers is not None:
+        scheduler.executor = workers
+    return scheduler
 
 
 __all__ = [
     "AdaptiveScheduler",
     "ContinuousScheduler",
     "DirectScheduler",
+    "ForwardingScheduler",
     "RequestFailed",
     "Scheduler",
     "SequenceScheduler",
+    "WorkerExecutor",
     "make_scheduler",
 ]

@@ -43,6 +43,7 @@ from ..types import InferenceRequest, InferenceResponse
 from .batch_strategy import OneInFlight
 from .scheduler import RequestFailed, Scheduler
 from .sequence_streams import serve_stream
+from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,9 @@ class SequenceScheduler(Scheduler):
         settings: ModelSettings,
         store: StateStore | None = None,
         stateless: Scheduler | None = None,
+        workers: WorkerExecutor | None = None,
     ) -> None:
-        super().__init__(model, settings)
+        super().__init__(model, settings, workers)
         if not isinstance(model, SequenceModel):
             raise TypeError(
                 f"{type(model).__qualname__} is served with sequence_batching, so it must subclass "
@@ -68,7 +70,13 @@ class SequenceScheduler(Scheduler):
         self.seq_model: SequenceModel = model
         self._wake = asyncio.Event()
         self.strategy = OneInFlight(self._wake)
-        self.engine = SequenceEngine(settings, model.sequence_ended, self.strategy, store)
+        self.workers = workers
+        """With ``workers``, each sequence's steps run in the worker process that holds its state."""
+        ended = model.sequence_ended if workers is None else workers.sequence_ended
+        self._predict_sequences = model.predict_sequences if workers is None else workers.predict_sequences
+        self.engine = SequenceEngine(settings, ended, self.strategy, store)
+        if workers is not None:
+            workers.pool.on_lost = self._lost
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
@@ -116,6 +124,12 @@ class SequenceScheduler(Scheduler):
         await self.engine.stop()
         if self.stateless is not None:
             await self.stateless.stop()
+
+    def _lost(self, keys: list[str], why: str) -> None:
+        """The worker that held these sequences died: they end (reason ``worker_lost``)."""
+        for key in keys:
+            self.engine.lose(key)
+        logger.warning("Model %r lost %d sequence(s): %s", self.settings.name, len(keys), why)
 
     # ------------------------------------------------------------------ requests
 
@@ -226,7 +240,7 @@ class SequenceScheduler(Scheduler):
         start = time.monotonic()
         try:
             with batch_span(self.settings.name, self.batches, batch, _QUEUED_AT):
-                results = list(await self.seq_model.predict_sequences(steps))
+                results = list(await self._predict_sequences(steps))
             if len(results) != len(steps):
                 error = ModelFailed(
                     f"Model {self.settings.name!r} returned {len(results)} results for {len(steps)} sequence steps"

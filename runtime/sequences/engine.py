@@ -153,6 +153,20 @@ class SequenceEngine:
         self.table.settle(seq, "cancel", everything=True)
         return True
 
+    def lose(self, key: str) -> None:
+        """The worker process that held ``key``'s state died: the sequence ends (reason
+        ``worker_lost``). Its queued requests fail, and its next request is refused saying why,
+        never started afresh; a step that was running fails by itself (``WorkerLost``)."""
+        seq = self.get(key)
+        if seq is None:
+            return
+        seq.closed = "worker_lost"
+        if not self.strategy.busy(seq):
+            self.end_soon(seq, "worker_lost")
+            return
+        seq.pending_end = "worker_lost"
+        self.table.settle(seq, "worker_lost")
+
     # ------------------------------------------------------------------ running (the worker)
 
     async def opening(self, pending: Pending) -> None:
@@ -168,7 +182,7 @@ class SequenceEngine:
         ``state`` in the store when ``keep`` and let its next request run (or its idle time start)."""
         if ended:
             await self.end(seq, "end", state)
-        elif seq.pending_end == "cancel" or (seq.pending_end == "timeout" and not seq.queue):
+        elif seq.pending_end in ("cancel", "worker_lost") or (seq.pending_end == "timeout" and not seq.queue):
             await self.end(seq, seq.pending_end, state)
         else:
             if keep:
@@ -182,7 +196,7 @@ class SequenceEngine:
         """Like ``finished`` without awaiting (after an unexpected failure): endings become notices."""
         if not self.current(seq):
             return
-        if seq.pending_end == "cancel" or (seq.pending_end == "timeout" and not seq.queue):
+        if seq.pending_end in ("cancel", "worker_lost") or (seq.pending_end == "timeout" and not seq.queue):
             self.end_soon(seq, seq.pending_end)
         elif seq.queue:
             self.strategy.ready(seq)

@@ -35,6 +35,7 @@ _HOW = {
     "eviction": "its state was evicted from the state store to make room (sequence_state_capacity)",
     "unload": "the model was unloaded",
     "restart": "a new START replaced it",
+    "worker_lost": "the worker process that held its state died",
 }
 
 

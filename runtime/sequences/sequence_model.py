@@ -30,7 +30,7 @@ from ..errors import InvalidInput
 from ..model import MLModel
 from ..types import InferenceRequest, InferenceResponse
 
-EndReason = Literal["end", "idle", "timeout", "cancel", "eviction", "unload", "restart"]
+EndReason = Literal["end", "idle", "timeout", "cancel", "eviction", "unload", "restart", "worker_lost"]
 """Why a sequence ended:
 
 - ``end``: a request with ``sequence_end`` was served, or the model called ``step.end_sequence()``;
@@ -39,10 +39,21 @@ EndReason = Literal["end", "idle", "timeout", "cancel", "eviction", "unload", "r
 - ``cancel``: a caller gave up on one of its requests (its queued requests are cancelled too);
 - ``eviction``: the state store dropped its state to make room for another;
 - ``unload``: the model is being unloaded (or the server stops);
-- ``restart``: a new START with the same id replaced it (after its queued requests ran).
+- ``restart``: a new START with the same id replaced it (after its queued requests ran);
+- ``worker_lost``: the worker process holding its state died (``workers`` >= 1); its next
+  request is refused, saying so.
 """
 
-END_REASONS: tuple[EndReason, ...] = ("end", "idle", "timeout", "cancel", "eviction", "unload", "restart")
+END_REASONS: tuple[EndReason, ...] = (
+    "end",
+    "idle",
+    "timeout",
+    "cancel",
+    "eviction",
+    "unload",
+    "restart",
+    "worker_lost",
+)
 
 
 class SequenceStep:

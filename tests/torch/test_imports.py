@@ -35,7 +35,8 @@ SCRIPT = textwrap.dedent(
     from runtime.types import InferenceRequest, RequestInput
 
     async def serve():
-        server = Server(Settings(model_repository_root=sys.argv[1], http_port=0, grpc_port=0, metrics_port=0))
+        server = Server(Settings(model_repository_root=sys.argv[1], http_port=0, grpc_port=0,
+                                 metrics_port=0, management_port=0))
         await server.start()
         request = InferenceRequest(inputs=[RequestInput(
             name="x", shape=[1, 4], datatype="FP32", data=[1.0, 2.0, 3.0, 4.0])])

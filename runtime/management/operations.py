@@ -1,0 +1,291 @@
+"""Management operations, transport-free: list, describe, register, scale, set-default, unregister.
+
+The management front end (``api.py``, TorchServe's REST shape) translates HTTP to these calls and
+their errors (the tree in ``runtime.errors``) to TorchServe's error bodies. Registration reads a
+model from a local folder (its model-settings.json) or an archive of one (.tar.gz, .tgz, .tar,
+.zip, .mar), only from where ``allowed_urls`` allows (by default: inside the model repository).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
+from ..registry import ModelEntry, Registry
+from ..repository import find_model_settings
+from ..scheduling.worker_executor import WorkerExecutor
+from ..settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings
+from ..types import State
+
+logger = logging.getLogger(__name__)
+
+ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip", ".mar")
+PAGE_LIMIT = 100
+
+
+@dataclass
+class Registered:
+    """What ``register`` did: the model's name and version, its workers, and whether it is loaded yet."""
+
+    name: str
+    version: str | None
+    workers: int
+    loaded: bool
+
+
+def executor_of(entry: ModelEntry) -> WorkerExecutor | None:
+    """The worker executor serving ``entry``, if it runs in worker processes."""
+    return entry.workers
+
+
+class Management:
+    """The operations of the management API on one server's registry."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.started = datetime.now(timezone.utc)
+        self._store: Path | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ reading
+
+    def list_models(self, limit: int = PAGE_LIMIT, next_page_token: int = 0) -> dict[str, Any]:
+        """One page of the models, by name: ``{"models": [...], "nextPageToken": ...}``."""
+        if limit < 0 or next_page_token < 0:
+            raise InvalidInput("limit and next_page_token must not be negative")
+        limit = min(limit or PAGE_LIMIT, PAGE_LIMIT)
+        names = sorted({entry.name for entry in self.registry.entries()})
+        page = names[next_page_token : next_page_token + limit]
+        models = [{"modelName": name, "modelUrl": self._url(self.registry.find(name))} for name in page]
+        answer: dict[str, Any] = {"models": models}
+        if next_page_token + limit < len(names):
+            answer["nextPageToken"] = str(next_page_token + limit)
+        return answer
+
+    def describe(self, name: str, version: str | None = None, every: bool = False) -> list[dict[str, Any]]:
+        """The model (its default version, ``version``, or ``every`` version), TorchServe's fields."""
+        if every:
+            self.registry.find(name)
+            entries = [e for e in self.registry.entries() if e.name == name]
+        else:
+            entries = [self.registry.find(name, version)]
+        default = self.registry.default_version(name)
+        return [self._describe(entry, entry.version == default) for entry in entries]
+
+    def _describe(self, entry: ModelEntry, is_default: bool) -> dict[str, Any]:
+        s = entry.settings
+        executor = executor_of(entry)
+        workers = executor.describe() if executor is not None else self._in_process(entry)
+        count = len([w for w in workers if w["status"] != "STOPPED"]) if executor is not None else 0
+        scheduler = entry.scheduler.describe() if entry.scheduler is not None else {}
+        return {
+            "modelName": entry.name,
+            "modelVersion": entry.version,
+            "modelUrl": self._url(entry),
+            "runtime": "python",
+            "implementation": s.implementation
+            if isinstance(s.implementation, str)
+            else s.implementation.__qualname__,
+            "state": entry.state.value,
+            **({"reason": entry.reason} if entry.reason else {}),
+            "isDefault": is_default,
+            "minWorkers": count,
+            "maxWorkers": count,
+            "parallelType": "workers" if executor is not None else "in_process",
+            "batchSize": s.max_batch_size,
+            "maxBatchDelay": int(s.max_batch_time * 1000),
+            "continuousBatching": s.continuous_batching,
+            "stateful": s.sequence_batching,
+            "sequenceMaxIdleMSec": s.max_sequence_idle_ms,
+            "sequenceTimeoutMSec": s.sequence_timeout_ms,
+            "maxNumSequence": s.max_sequences,
+            "maxSequenceJobQueueSize": s.max_sequence_queue_size,
+            "scheduler": scheduler,
+            "workers": workers,
+            "jobQueueStatus": {
+                "pendingRequests": sum(int(w.get("busy", 0)) for w in workers),
+                "remainingCapacity": s.max_queue_size,
+            },
+        }
+
+    def _in_process(self, entry: ModelEntry) -> list[dict[str, Any]]:
+        """The server process itself, as the one "worker" of an in-process model."""
+        status = "READY" if entry.ready else entry.state.value
+        memory: int | None
+        try:
+            with open("/proc/self/statm") as statm:
+                memory = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            memory = None
+        return [
+            {
+                "id": "0",
+                "pid": os.getpid(),
+                "status": status,
+                "memoryUsage": memory,
+                "startTime": self.started.isoformat(),
+            }
+        ]
+
+    @staticmethod
+    def _url(entry: ModelEntry) -> str:
+        folder = entry.settings.folder
+        return str(folder) if folder is not None else ""
+
+    # ------------------------------------------------------------------ changing
+
+    async def register(
+        self,
+        url: str,
+        name: str | None = None,
+        workers: int | None = None,
+        synchronous: bool = False,
+    ) -> Registered:
+        """Register the model at ``url`` (a folder or an archive); with ``synchronous``, return once
+        it has loaded (raise if it could not)."""
+        if not url:
+            raise InvalidInput("Parameter url is required.")
+        if workers is not None and workers < 0:
+            raise InvalidInput("initial_workers must not be negative")
+        folder = await asyncio.to_thread(self._fetch, url)
+        settings = await asyncio.to_thread(_read_settings, folder)
+        updates: dict[str, Any] = {}
+        if name:
+            updates["name"] = name
+        if workers is not None:
+            updates["workers"] = workers
+        if updates:
+            source = settings._source
+            settings = settings.model_copy(update=updates)
+            settings._source = source
+        try:
+            existing = self.registry.find(settings.name, settings.version)
+        except ModelNotFound:
+            existing = None
+        if existing is not None and (existing.version == settings.version):
+            raise Conflict(f"Model version {settings.version} for model {settings.name} already registered.")
+        count = self.registry.workers_for(settings)
+        registered = Registered(settings.name, settings.version, count, synchronous)
+        if synchronous:
+            entry = await self.registry.load(settings)
+            if entry.state is State.UNAVAILABLE:
+                await self._forget_failed(entry)
+                raise ModelFailed(f"Model {settings.name!r} could not be loaded: {entry.reason}")
+            return registered
+        task = asyncio.get_running_loop().create_task(self.registry.load(settings))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return registered
+
+    async def _forget_failed(self, entry: ModelEntry) -> None:
+        try:
+            current = self.registry.find(entry.name, entry.version)
+        except ModelNotFound:
+            return
+        if current is entry:
+            await self.registry.unload(entry.name, entry.version or None)
+
+    def _fetch(self, url: str) -> Path:
+        """The local folder of the model at ``url``, after checking it is allowed (archives are
+        extracted into a private folder)."""
+        if re.match(r"^[a-z][a-z0-9+.-]*://", url, re.IGNORECASE) and not url.lower().startswith("file://"):
+            raise InvalidInput(f"Only local folders and archives can be registered, not {url!r}")
+        path_text = url[len("file://") :] if url.lower().startswith("file://") else url
+        if ".." in Path(path_text).parts:
+            raise Forbidden(f"Given URL {url} does not match any allowed URL(s)")
+        path = Path(path_text)
+        if not path.is_absolute():
+            path = Path(self.settings.model_repository_root) / path
+        path = path.resolve()
+        if not self._allowed(url, path):
+            raise Forbidden(f"Given URL {url} does not match any allowed URL(s)")
+        if not path.exists():
+            raise ModelNotFound(url)
+        if path.is_dir():
+            return path
+        if not path.name.lower().endswith(ARCHIVES):
+            raise InvalidInput(f"{url!r} is neither a folder nor an archive ({', '.join(ARCHIVES)})")
+        return self._extract(path)
+
+    def _allowed(self, url: str, path: Path) -> bool:
+        if self.settings.allowed_urls:
+            return any(re.fullmatch(p, url, re.IGNORECASE) for p in self.settings.allowed_urls)
+        root = Path(self.settings.model_repository_root).resolve()
+        return path == root or root in path.parents
+
+    def _extract(self, archive: Path) -> Path:
+        if self._store is None:
+            self._store = Path(tempfile.mkdtemp(prefix="mlserver-like-models-"))
+        target = Path(tempfile.mkdtemp(dir=self._store, prefix=archive.name.split(".")[0] + "-"))
+        try:
+            if archive.name.lower().endswith((".zip", ".mar")):
+                with zipfile.ZipFile(archive) as zf:
+                    for member in zf.namelist():
+                        dest = (target / member).resolve()
+                        if target.resolve() not in dest.parents and dest != target.resolve():
+                            raise InvalidInput(f"archive member {member!r} lies outside the archive")
+                    zf.extractall(target)
+            else:
+                with tarfile.open(archive) as tf:
+                    tf.extractall(target, filter="data")
+        except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+            raise InvalidInput(f"cannot extract {archive.name}: {exc}") from exc
+        return target
+
+    async def scale(
+        self, name: str, version: str | None, min_worker: int, max_worker: int | None, synchronous: bool
+    ) -> int:
+        """Run ``min_worker`` workers for the model (0: in the server process)."""
+        if min_worker < 0:
+            raise InvalidInput("min_worker must not be negative")
+        if max_worker is not None and max_worker < min_worker:
+            raise InvalidInput("max_worker cannot be less than min_worker")
+        entry = self.registry.find(name, version)
+        job = self.registry.scale(entry, min_worker)
+        if synchronous:
+            await job
+        else:
+            task = asyncio.get_running_loop().create_task(job)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return min_worker
+
+    def set_default(self, name: str, version: str) -> None:
+        self.registry.set_default(name, version)
+
+    async def unregister(self, name: str, version: str | None = None) -> None:
+        """Unload the model (or one version of it); its workers drain first."""
+        if version:
+            entry = self.registry.find(name, version)
+            versions = [e for e in self.registry.entries() if e.name == name]
+            if len(versions) > 1 and self.registry.default_version(name) == entry.version:
+                raise Forbidden(f"Cannot remove default version for model {name}")
+        await self.registry.unload(name, version)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _read_settings(folder: Path) -> ModelSettings:
+    own = folder / MODEL_SETTINGS_FILENAME
+    if own.is_file():
+        return ModelSettings.from_file(own)
+    found = find_model_settings(folder)
+    if len(found) != 1:
+        raise InvalidInput(
+            f"{folder.name} holds {len(found)} {MODEL_SETTINGS_FILENAME} files; it must hold one"
+        )
+    return ModelSettings.from_file(found[0])

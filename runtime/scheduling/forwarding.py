@@ -1,0 +1,87 @@
+"""The scheduler of a model whose batcher runs inside each of its workers (continuous batching).
+
+A continuous batcher steps its running streams together many times a second; stepping it across a
+process boundary would cost a round trip per step. So each worker runs the model's own batcher
+(``make_scheduler`` in the worker), and the server forwards whole requests and streams to the
+workers: a request or stream outside any sequence to the least busy worker, a request of a
+sequence to the worker that served the sequence's START (new sequences: the worker with the
+fewest), for the sequence's whole life. A stream is served by one worker, chosen by its first
+request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..model import MLModel
+from ..sequences.identity import ID, parse_control
+from ..settings import ModelSettings
+from ..types import InferenceRequest, InferenceResponse
+from ..workers import WorkerProcess
+from .scheduler import RequestFailed, Scheduler
+from .worker_executor import WorkerExecutor
+
+
+class ForwardingScheduler(Scheduler):
+    """Forwards requests and streams to the workers, whose own batchers serve them."""
+
+    def __init__(self, model: MLModel, settings: ModelSettings, workers: WorkerExecutor) -> None:
+        super().__init__(model, settings, workers)
+        self.workers = workers
+
+    async def stop(self) -> None:
+        """The workers' batchers finish their work when the workers drain (``WorkerExecutor.stop``)."""
+
+    async def _route(self, request: InferenceRequest) -> tuple[WorkerProcess, str | None]:
+        """The worker for ``request``, and the sequence key it ends (None if it ends none)."""
+        pool = self.workers.pool
+        control = parse_control(request.parameters) if self.settings.sequence_batching else None
+        if control is None:
+            return await pool.pick(), None
+        if control.generated:
+            return pool.newcomer(), None
+        worker = pool.owner(control.key, control.start)
+        return worker, control.key if control.end else None
+
+    def _settle(self, worker: WorkerProcess, response: Any, ends: str | None) -> None:
+        """After an answer: remember a sequence the worker named itself; forget one that ended."""
+        pool = self.workers.pool
+        params = response.parameters if isinstance(response, InferenceResponse) else None
+        extra = params.model_extra if params is not None else None
+        if extra and extra.get("sequence_end"):
+            pool.release(str(extra.get(ID)))
+        elif extra and ID in extra and self.settings.sequence_batching:
+            pool.adopt(str(extra[ID]), worker)
+        if ends is not None:
+            pool.release(ends)
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        worker, ends = await self._route(request)
+        response: InferenceResponse = await worker.call("call", request)
+        self._settle(worker, response, ends)
+        return response
+
+    async def stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        worker, _ = await self._route(first)
+
+        async def again() -> AsyncIterator[InferenceRequest]:
+            yield first
+            async for request in requests:
+                yield request
+
+        async for response in worker.stream(again()):
+            self._settle(worker, response, None)
+            yield response
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "scheduler": "continuous",
+            "in": "each worker",
+            "max_batch_size": self.settings.max_batch_size,
+        }

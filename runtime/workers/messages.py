@@ -1,0 +1,55 @@
+"""The messages a server and its worker processes exchange, and what both ends share about them.
+
+Every message is a tuple ``(kind, id, payload)``; ``id`` names one call or stream (0: the worker
+itself). Server → worker:
+
+- ``init``      (sys.path, pickled ModelSettings, worker id): load the model
+- ``call``      a request (or a merged batch) for ``predict``
+- ``open``      a stream begins; ``item`` brings each of its requests, ``close_in`` their end
+- ``seq``       a batch of sequence steps ``[(key, start, end, request), ...]`` for ``predict_sequences``
+- ``seq_end``   ``(key, reason)``: a sequence has ended; the worker drops its state and tells the model
+- ``ack``       the server has taken ``payload`` more chunks of a stream (the worker may send as many)
+- ``cancel``    give up the call or stream
+- ``stop``      finish, unload the model and exit
+
+Worker → server:
+
+- ``ready`` / ``failed``     the model loaded (payload: pid) or could not (payload: why)
+- ``ok`` / ``err``           a call's result or exception (final)
+- ``chunk``                  one response of a stream; ``end`` (final) after the last one
+- ``gone``                   a cancelled call or stream has left the model (final)
+- ``ack``                    the model has taken ``payload`` more requests of a stream
+
+Every call and stream gets exactly one final message, so the server knows how busy a worker is
+even after a caller gave up (a thread that cannot be interrupted still occupies the worker).
+Both directions of a stream are bounded by ``WINDOW`` messages in flight.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Final
+
+WINDOW: Final = 32
+"""Messages of one stream (in either direction) that may be in flight before an ``ack``."""
+ACK_EVERY: Final = WINDOW // 2
+"""How many messages a receiver takes before it acknowledges them."""
+
+FINAL: Final = frozenset({"ok", "err", "end", "gone"})
+
+
+@dataclass(frozen=True, slots=True)
+class HeldState:
+    """What the server keeps for a sequence whose state lives in a worker process: where it is."""
+
+    worker: int
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling; else a ``RuntimeError`` that tells its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=5))
+    except Exception:
+        return RuntimeError(f"{type(exc).__qualname__}: {exc}")
+    return exc
