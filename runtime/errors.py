@@ -114,6 +114,20 @@ class ShuttingDown(Unavailable):
     """The server is draining and takes no new work."""
 
 
+class SequenceElsewhere(Unavailable):
+    """Another replica holds the sequence (its lease has not expired), or this one is handing its
+    sequences over: try again later, possibly on another replica."""
+
+
+class SequenceStepConflict(ServerError):
+    """A request's ``sequence_step`` is not the sequence's next step (it is ahead of it, or older
+    than the last applied one, whose answer alone is kept)."""
+
+    def __init__(self, message: str, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
 class ModelFailed(ServerError):
     """The model raised while serving the request; ``__cause__`` holds what it raised."""
 
@@ -134,7 +148,9 @@ __all__ = [
     "PayloadTooLarge",
     "QueueTimeout",
     "RequestTimeout",
+    "SequenceElsewhere",
     "SequenceError",
+    "SequenceStepConflict",
     "ServerError",
     "ShuttingDown",
     "Unavailable",

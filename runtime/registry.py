@@ -267,6 +267,16 @@ class Registry:
                 self._defaults.pop(name, None)
             logger.info("Model %r unloaded", name)
 
+    async def hand_over(self) -> None:
+        """The server drains: each model's scheduler hands over what other replicas may take now."""
+        for entry in self.entries():
+            if entry.scheduler is None:
+                continue
+            try:
+                await entry.scheduler.hand_over()
+            except Exception:
+                logger.exception("Model %r failed to hand its sequences over", entry.name)
+
     async def unload_all(self) -> None:
         for name in list(self._entries):
             await self.unload(name)

@@ -204,6 +204,7 @@ class Server:
         self.dataplane.draining = True  # readiness says no first, while connections are still taken
         if self._grpc is not None:
             await self._grpc.health.refresh()
+        await self.registry.hand_over()  # sequences in a shared store go on at other replicas now
         if self.settings.drain_delay and self.dataplane.started:
             logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
             with contextlib.suppress(asyncio.TimeoutError):

@@ -368,6 +368,17 @@ class ModelSettings(BaseSettings):
     """Most sequence states the state store keeps (an LRU). Evicting a live sequence's state ends
     that sequence (reason ``eviction``) and its next request is refused (400). 0: ``max_sequences``."""
 
+    sequence_store: str = Field(default="memory", pattern=r"^(memory|rediss?://.*)$")
+    """Where sequence states live: ``memory`` (this process, an LRU of ``sequence_state_capacity``)
+    or ``redis://host:port/db`` (shared by the model's replicas: each step is claimed with a lease
+    and written with a fencing token, the state expires after ``max_sequence_idle_ms``, endings are
+    recorded; see docs/replicas.md). ``MLSERVER_MODEL_SEQUENCE_STORE`` sets it for every model whose
+    model-settings.json does not."""
+
+    sequence_lease_ms: int = Field(default=5000, ge=50)
+    """With a shared ``sequence_store``: how long a replica holds a sequence after its last step;
+    another replica takes the sequence over once the lease has expired (or was released)."""
+
     sequence_ended_memory: int = Field(default=10000, ge=1)
     """How many recently ended sequence ids are remembered, so that a late request to one is told
     why it ended (instead of being told to START)."""

@@ -15,6 +15,7 @@ import grpc
 
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, ServerError
+from ..sequences.identity import apply_headers, response_headers
 from .converters import (
     headers_of,
     model_metadata_to_proto,
@@ -54,6 +55,12 @@ def guarded(method: Handler[Request, Response]) -> Handler[Request, Response]:
     return handler
 
 
+def _metadata(context: Any) -> list[tuple[str, str]]:
+    """The call's metadata as text pairs (binary ``-bin`` entries are not sequence fields)."""
+    found = context.invocation_metadata() or ()
+    return [(key, value) for key, value in found if isinstance(value, str)]
+
+
 class InferenceServicer:
     """GRPCInferenceService's unary methods over one DataPlane (streams: ``streams.py``)."""
 
@@ -89,10 +96,13 @@ class InferenceServicer:
         name, version = request.model_name, request.model_version or None
         self.dataplane.turns.grpc_call()
         self.dataplane.check_model(name, version)
-        response = await self.dataplane.infer(request_from_proto(request), name, version)
+        inference = request_from_proto(request)
+        apply_headers(inference, _metadata(context))
+        response = await self.dataplane.infer(inference, name, version)
         message = response_to_proto(response, bool(request.raw_input_contents))
-        if response.parameters is not None and response.parameters.headers:
-            context.set_trailing_metadata(headers_of(response.parameters))
+        trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
+        if trailers:
+            context.set_trailing_metadata(trailers)
         return message
 
     @guarded

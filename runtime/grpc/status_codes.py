@@ -20,6 +20,9 @@ STATUS: tuple[tuple[type[errors.ServerError], grpc.StatusCode], ...] = (
     (errors.PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND),
+    # a sequence_step out of order: the request conflicts with the sequence's state, and the client
+    # must not retry it as it is (it must send the expected step), hence not ABORTED
+    (errors.SequenceStepConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.ModelFailed, grpc.StatusCode.INTERNAL),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),

@@ -1,25 +1,23 @@
 """TorchServe's sequence headers ⇄ the OIP sequence parameters (translation only; the core decides).
 
 Requests: ``ts_request_sequence_id`` / ``ts_request_sequence_start`` / ``ts_request_sequence_end``
-(any case) become the parameters ``sequence_id`` / ``sequence_start`` / ``sequence_end``.
-Responses of a sequence carry ``ts_request_sequence_id`` (for sticky routers in front of replicas)
-and, on the response that ends it, ``ts_request_sequence_end: true``.
+(any case) become the parameters ``sequence_id`` / ``sequence_start`` / ``sequence_end``; the header
+``sequence_step`` (for proxies that retry) the parameter of the same name.
+Responses of a sequence carry ``ts_request_sequence_id`` (for sticky routers in front of replicas;
+a START without an id learns the id the server made), on the response that ends it
+``ts_request_sequence_end: true``, and with replicas sharing the states ``sequence_replica``, the
+replica that served the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..sequences.identity import END, ID, START, apply_transport_fields
+from ..sequences.identity import HEADERS, STEP, apply_headers, response_headers
 from ..types import InferenceRequest, InferenceResponse
 
-HEADER_ID = "ts_request_sequence_id"
-HEADER_START = "ts_request_sequence_start"
-HEADER_END = "ts_request_sequence_end"
-_HEADERS = ((HEADER_ID, ID), (HEADER_START, START), (HEADER_END, END))
-
-
 _PREFIX = b"ts_request_sequence_"
+_STEP = STEP.encode()
 
 
 def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
@@ -28,24 +26,18 @@ def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple
     ``raw_headers`` are the ASGI scope's (names already lower-case); one pass finds them, so a
     request without them pays a few prefix comparisons.
     """
-    found = {name: value for name, value in raw_headers if name[:20] == _PREFIX}
-    if not found:
-        return
-    fields = {
-        param: found[header.encode()].decode("latin-1")
-        for header, param in _HEADERS
-        if header.encode() in found
-    }
-    if fields:
-        apply_transport_fields(request, fields)
+    found = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in raw_headers
+        if name[:20] == _PREFIX or name == _STEP
+    ]
+    if found:
+        apply_headers(request, found)
 
 
 def sequence_headers(response: InferenceResponse) -> dict[str, str]:
-    """The headers that echo a sequence response's id and end."""
-    extra = response.parameters.model_extra if response.parameters is not None else None
-    if not extra or ID not in extra:
-        return {}
-    headers = {HEADER_ID: str(extra[ID])}
-    if extra.get(END) is True:
-        headers[HEADER_END] = "true"
-    return headers
+    """The headers that echo a sequence response's id, end and replica."""
+    return response_headers(response)
+
+
+__all__ = ["HEADERS", "read_sequence_headers", "sequence_headers"]

@@ -12,6 +12,7 @@ STATUS: tuple[tuple[type[errors.ServerError], int], ...] = (
     (errors.PayloadTooLarge, 413),
     (errors.InvalidInput, 400),
     (errors.ModelNotFound, 404),
+    (errors.SequenceStepConflict, 409),
     (errors.Unavailable, 503),
     (errors.ModelFailed, 500),
     (errors.Cancelled, 499),

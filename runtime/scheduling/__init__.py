@@ -42,7 +42,7 @@ def make_scheduler(
     if settings.sequence_batching:
         # requests outside any sequence go to the model's predict, scheduled as for any model
         stateless = _stateless(model, settings, workers) if serves_stateless(model) else None
-        return SequenceScheduler(model, settings, stateless=stateless, workers=workers)
+        return SequenceScheduler(model, settings, stateless=stateless, executor=workers)
     if isinstance(model, SequenceModel) and not serves_stateless(model):
         logger.warning(
             "Model %r is a SequenceModel but its settings do not set sequence_batching: true; "

@@ -1,9 +1,12 @@
 """Where a model's code is called: the one seam between schedulers and models.
 
-Schedulers never call ``predict`` or ``predict_stream`` themselves; they ask their model's
-executor (``call_predict`` for a request or a merged batch, ``open_stream`` for a stream). The
-in-process executor here is the default; one that runs models in worker processes would plug in
-behind the same interface without touching the transports or the schedulers.
+Schedulers never call ``predict``, ``predict_stream``, ``predict_sequences`` or ``sequence_ended``
+themselves; they ask their model's executor (``call_predict`` for a request or a merged batch,
+``open_stream`` for a stream, ``predict_sequences`` / ``sequence_ended`` for the sequence batcher).
+The in-process executor here is the default; ``worker_executor.WorkerExecutor`` runs the model in
+worker processes behind the same interface, so the transports and the schedulers do not know where
+a model runs. (Under continuous batching with workers, each worker runs the model's own batcher and
+the server forwards to it: ``forwarding.py``.)
 
 In process, a coroutine ``async def predict`` is awaited on the event loop, and a plain
 ``def predict`` runs on a thread pool of the model's own (``predict_threads`` threads), so that
@@ -18,12 +21,17 @@ from __future__ import annotations
 import abc
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..model import MLModel
+from ..sequences.sequence_model import EndReason, SequenceModel, SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+
+LostSequences = Callable[[list[str], str], None]
+"""Told the keys of sequences whose state was lost with a worker, and why."""
 
 
 class Executor(abc.ABC):
@@ -36,6 +44,20 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def open_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         """The model's responses to a stream of requests; closing the iterator stops the model's work."""
+
+    @abc.abstractmethod
+    async def predict_sequences(
+        self, steps: list[SequenceStep]
+    ) -> Sequence[InferenceResponse | BaseException]:
+        """One step of each sequence in ``steps`` (a ``SequenceModel``'s batch call)."""
+
+    @abc.abstractmethod
+    async def sequence_ended(self, key: str, reason: EndReason, state: Any) -> None:
+        """Tell the model that a sequence ended, with the reason and what the scheduler holds of its state."""
+
+    def on_lost(self, callback: LostSequences) -> None:
+        """Register who is told when sequences are lost with the process that held them (in
+        process they never are)."""
 
     def close(self) -> None:
         """Free what the executor holds (threads, workers) once its scheduler has stopped."""
@@ -64,6 +86,19 @@ class InProcessExecutor(Executor):
         if self._streams or not self.blocking:
             return self.model.predict_stream(requests)
         return self._each(requests)  # MLModel's predict_stream awaits predict: not a plain one
+
+    async def predict_sequences(
+        self, steps: list[SequenceStep]
+    ) -> Sequence[InferenceResponse | BaseException]:
+        return await self._sequence_model().predict_sequences(steps)
+
+    async def sequence_ended(self, key: str, reason: EndReason, state: Any) -> None:
+        await self._sequence_model().sequence_ended(key, reason, state)
+
+    def _sequence_model(self) -> SequenceModel:
+        if not isinstance(self.model, SequenceModel):
+            raise TypeError(f"{type(self.model).__qualname__} is not a runtime.SequenceModel")
+        return self.model
 
     async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         async for request in requests:

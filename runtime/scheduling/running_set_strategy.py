@@ -38,7 +38,7 @@ from ..errors import Cancelled
 from ..sequences.engine import SequenceEngine
 from ..sequences.identity import SequenceControl
 from ..sequences.lifecycle import Pending, Sequence
-from ..sequences.store import StateStore
+from ..sequences.store import SharedStateStore, StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest
 
@@ -79,6 +79,11 @@ class RunningSet(Generic[E]):
     ) -> None:
         self._wake = wake
         self._running: dict[Sequence, _Running] = {}
+        if (store is None and settings.sequence_store != "memory") or isinstance(store, SharedStateStore):
+            raise ValueError(
+                f"Model {settings.name!r}: a shared sequence_store serves sequence batching; with "
+                'continuous_batching the states stay in this process (sequence_store: "memory")'
+            )
         self.engine = SequenceEngine(settings, model.sequence_ended, self, store)
 
     # ------------------------------------------------------------------ SequenceStrategy

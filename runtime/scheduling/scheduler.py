@@ -39,6 +39,10 @@ class Scheduler(abc.ABC):
     async def stop(self) -> None:
         """Finish accepted work and end background tasks."""
 
+    async def hand_over(self) -> None:
+        """The server drains: let other replicas take over now what this one holds and nothing here
+        runs or waits for (sequences in a shared store); by default there is nothing to hand over."""
+
     @abc.abstractmethod
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Serve one request and return its own response."""

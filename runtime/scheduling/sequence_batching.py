@@ -41,9 +41,9 @@ from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batch_strategy import OneInFlight
+from .executor import Executor
 from .scheduler import RequestFailed, Scheduler
 from .sequence_streams import serve_stream
-from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ class SequenceScheduler(Scheduler):
         settings: ModelSettings,
         store: StateStore | None = None,
         stateless: Scheduler | None = None,
-        workers: WorkerExecutor | None = None,
+        executor: Executor | None = None,
     ) -> None:
-        super().__init__(model, settings, workers)
+        super().__init__(model, settings, executor)
         if not isinstance(model, SequenceModel):
             raise TypeError(
                 f"{type(model).__qualname__} is served with sequence_batching, so it must subclass "
@@ -70,13 +70,10 @@ class SequenceScheduler(Scheduler):
         self.seq_model: SequenceModel = model
         self._wake = asyncio.Event()
         self.strategy = OneInFlight(self._wake)
-        self.workers = workers
-        """With ``workers``, each sequence's steps run in the worker process that holds its state."""
-        ended = model.sequence_ended if workers is None else workers.sequence_ended
-        self._predict_sequences = model.predict_sequences if workers is None else workers.predict_sequences
-        self.engine = SequenceEngine(settings, ended, self.strategy, store)
-        if workers is not None:
-            workers.pool.on_lost = self._lost
+        # in worker processes, each sequence's steps run in the worker that holds its state
+        self._predict_sequences = self.executor.predict_sequences
+        self.engine = SequenceEngine(settings, self.executor.sequence_ended, self.strategy, store)
+        self.executor.on_lost(self._lost)
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)
         self.max_wait = settings.max_batch_time
@@ -130,6 +127,9 @@ class SequenceScheduler(Scheduler):
         for key in keys:
             self.engine.lose(key)
         logger.warning("Model %r lost %d sequence(s): %s", self.settings.name, len(keys), why)
+
+    async def hand_over(self) -> None:
+        await self.engine.hand_over()
 
     # ------------------------------------------------------------------ requests
 
@@ -217,19 +217,14 @@ class SequenceScheduler(Scheduler):
     async def _run_batch(self, batch: list[Pending]) -> None:
         engine = self.engine
         await engine.deliver_notices()
-        for pending in batch:
-            await engine.opening(pending)
-        keys = [p.control.key for p in batch if not p.control.start]
-        loaded = iter(await engine.store.load(keys)) if keys else iter(())
+        # retried and out-of-order steps are answered here; with a shared store, each sequence is claimed
+        runs = await engine.prepare(batch)
+        batch = [pending for pending, _state in runs]
+        if not batch:
+            self._quiet.set()
+            return
         steps = [
-            SequenceStep(
-                p.request,
-                p.control.key,
-                p.control.start,
-                p.control.end,
-                None if p.control.start else next(loaded),
-            )
-            for p in batch
+            SequenceStep(p.request, p.control.key, p.control.start, p.control.end, state) for p, state in runs
         ]
         for pending in batch:
             pending.sequence.live = True
@@ -256,22 +251,19 @@ class SequenceScheduler(Scheduler):
         # keep the new states, then answer the callers (a state that could not be kept fails its
         # batch rather than leave a sequence to go on from a stale state), then tell the model of
         # the sequences that ended: END is served first, then the model is told
-        ok = [isinstance(result, InferenceResponse) for result in results]
         ends = [
-            step.ends if good else pending.control.end
-            for pending, step, good in zip(batch, steps, ok, strict=True)
+            step.ends if isinstance(result, InferenceResponse) else pending.control.end
+            for pending, step, result in zip(batch, steps, results, strict=True)
         ]
-        keep = [
-            (step.sequence_id, step.state)
-            for step, good, ended in zip(steps, ok, ends, strict=True)
-            if good and not ended
-        ]
-        evicted = await engine.store.save(keep) if keep else []
         for pending, result, ended in zip(batch, results, ends, strict=True):
+            if isinstance(result, InferenceResponse):
+                mark_response(result, pending.control, ended, engine.replica)
+        evicted = await engine.commit(batch, steps, results, ends)
+        ok = [isinstance(result, InferenceResponse) for result in results]
+        for pending, result in zip(batch, results, strict=True):
             if pending.future.done():
                 continue
             if isinstance(result, InferenceResponse):
-                mark_response(result, pending.control, ended)
                 pending.future.set_result(result)
             else:
                 pending.future.set_exception(_as_error(result, self.settings.name))

@@ -18,7 +18,7 @@ from ..sequences.sequence_model import SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from ..workers import HeldState, WorkerPool, WorkerProcess
-from .executor import Executor
+from .executor import Executor, LostSequences
 
 
 class WorkerExecutor(Executor):
@@ -91,6 +91,9 @@ class WorkerExecutor(Executor):
 
         await asyncio.gather(*(run(worker, indexes) for worker, indexes in parts.items()))
         return [r if r is not None else RuntimeError("no result") for r in results]
+
+    def on_lost(self, callback: LostSequences) -> None:
+        self.pool.on_lost = callback
 
     async def sequence_ended(self, key: str, reason: str, state: Any = None) -> None:
         """Tell the worker holding ``key`` that the sequence ended (it drops the state and tells

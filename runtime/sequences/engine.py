@@ -17,6 +17,16 @@ that the scheduler's worker delivers (``deliver_notices``) before it runs anythi
 model hears of an ending before it sees a fresh sequence with the same id. Everything that awaits
 (the store, the model's hook) runs in that one worker, so neither needs locks.
 
+Exactly-once steps: a client may number a sequence's steps (``sequence_step``: 1, 2, 3, ...). Before
+a step runs (``prepare``), a retry of the last applied step gets that step's stored answer and
+applies nothing, and a step that is not the next one is refused (409, ``SequenceStepConflict``, with
+the expected number). With a shared store (``SharedStateStore``, e.g. Redis), ``prepare`` claims
+each sequence of the batch in the store (one replica at a time holds a sequence: a lease with a
+fencing token; a sequence held by another replica gets 503 and ``Retry-After``) and loads its
+state, step count and last answer from there, unless this replica holds it under a lease that
+cannot have expired yet (then nobody else can have written it); ``commit`` writes them back with one fenced write,
+which fails if another replica took the sequence over meanwhile (the step's answer is then 503).
+
 The engine owns the sequences' counters (``stats``: open, queued, states held, ended by reason,
 refused by reason) and answers which sequences it holds (``get``), which is what a router in
 front of several worker processes, each with its own engine, needs for sequence affinity.
@@ -31,12 +41,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
+from ..errors import SequenceElsewhere, SequenceError, SequenceStepConflict
 from ..settings import ModelSettings
-from ..types import InferenceRequest
-from .identity import SequenceControl
-from .lifecycle import Pending, Sequence, Sequences
-from .sequence_model import EndReason
-from .store import LRUStateStore, StateStore
+from ..types import InferenceRequest, InferenceResponse
+from .identity import STEP, SequenceControl
+from .lifecycle import Pending, Sequence, Sequences, ended_message
+from .sequence_model import EndReason, SequenceStep
+from .store import Commit, LRUStateStore, SharedStateStore, StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +75,24 @@ class SequenceStrategy(Protocol):
         """At unload: forget what runs of ``seq``; (True, state) when its state is held outside the store."""
 
 
+def make_store(settings: ModelSettings) -> StateStore:
+    """The state store a model's settings name (``sequence_store``)."""
+    url = settings.sequence_store
+    capacity = settings.sequence_state_capacity or settings.max_sequences
+    if url == "memory":
+        return LRUStateStore(capacity)
+    from .redis_store import RedisStateStore  # imports redis, an optional dependency
+
+    return RedisStateStore(
+        url,
+        settings.name,
+        settings.version,
+        capacity=capacity,
+        ttl_ms=settings.max_sequence_idle_ms,
+        lease_ms=settings.sequence_lease_ms,
+    )
+
+
 class SequenceEngine:
     """The lifecycle of a model's sequences; see the module docstring."""
 
@@ -76,22 +105,37 @@ class SequenceEngine:
     ) -> None:
         self.name = settings.name
         self.settings = settings
+        if store is None:
+            store = make_store(settings)
+        self.store = store
         self.table = Sequences(
             settings.name,
             settings.max_sequences,
             settings.max_sequence_queue_size,
             settings.sequence_ended_memory,
+            shared=self.shared is not None,
         )
         """Open sequences, recently ended ids, the admission rules and their counters."""
-        if store is None:
-            store = LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
-        self.store = store
+        self.replayed = 0
+        """Retried steps answered from the stored answer."""
         self.idle_s = settings.max_sequence_idle_ms / 1000
         self.life_s = settings.sequence_timeout_ms / 1000
         self.strategy = strategy
         self._ended = ended
         self._notices: deque[tuple[str, EndReason]] = deque()
         self._arrivals = itertools.count()
+
+    @property
+    def shared(self) -> SharedStateStore | None:
+        """The store, when replicas share it."""
+        store = self.store
+        return store if isinstance(store, SharedStateStore) else None
+
+    @property
+    def replica(self) -> str | None:
+        """This replica's name in a shared store (told to clients with each answer)."""
+        shared = self.shared
+        return shared.replica if shared is not None else None
 
     # ------------------------------------------------------------------ lookups
 
@@ -169,13 +213,167 @@ class SequenceEngine:
 
     # ------------------------------------------------------------------ running (the worker)
 
-    async def opening(self, pending: Pending) -> None:
+    async def opening(self, pending: Pending, state: Any = STORED) -> None:
         """``pending`` is about to run: on a START to an id the model still holds, the old sequence
         ends first (reason ``restart``, or the reason it was already ending for)."""
         seq = pending.sequence
         if pending.control.start and seq.live:
             seq.live = False
-            await self.tell(seq.key, pending.replaces or "restart", await self.store.pop(seq.key))
+            if state is STORED:
+                state = await self.store.pop(seq.key)
+            await self.tell(seq.key, pending.replaces or "restart", state)
+
+    async def prepare(self, batch: list[Pending]) -> list[tuple[Pending, Any]]:
+        """The requests of ``batch`` (one per sequence, each running) that run now, with their states;
+        the others are answered here and their sequences go on (see the module docstring)."""
+        shared = self.shared
+        if shared is None:
+            runs: list[tuple[Pending, Any]] = []
+            for pending in batch:
+                if self._answered_from_steps(pending, pending.sequence.step, pending.sequence.answer):
+                    continue
+                await self.opening(pending)
+                runs.append((pending, None))
+            keys = [p.control.key for p, _ in runs if not p.control.start]
+            loaded = iter(await self.store.load(keys)) if keys else iter(())
+            return [(p, None if p.control.start else next(loaded)) for p, _ in runs]
+
+        runs = []
+        previous: dict[str, Any] = {}
+        claiming: list[Pending] = []
+        for pending in batch:
+            seq, control = pending.sequence, pending.control
+            if control.start:
+                if seq.live:
+                    previous[control.key] = await self.store.pop(control.key)
+            elif seq.live:
+                fresh, state = shared.holding(control.key)
+                if fresh:  # held here under a live lease: the state here is the stored one
+                    if not self._answered_from_steps(pending, seq.step, seq.answer):
+                        runs.append((pending, state))
+                    continue
+            claiming.append(pending)
+        if not claiming:
+            return runs
+        claims = await shared.claim([(p.control.key, p.control.start, p.control.step) for p in claiming])
+        for pending, claim in zip(claiming, claims, strict=True):
+            seq, control = pending.sequence, pending.control
+            if claim.kind == "ok":
+                seq.step = claim.done
+                await self.opening(pending, previous.get(control.key))
+                runs.append((pending, claim.state))
+                continue
+            if claim.kind == "replay":
+                self._answered_from_steps(pending, control.step or 0, claim.answer)
+                continue
+            if claim.kind == "conflict":
+                self._answered_from_steps(pending, claim.done, None)
+                continue
+            if claim.kind == "busy":
+                error: Exception = SequenceElsewhere(
+                    f"Sequence {control.echo!r} is held by another replica for up to {claim.retry_ms} ms more; "
+                    "try again later"
+                )
+            elif claim.kind == "ended":
+                error = SequenceError(ended_message(control.echo, claim.reason or "end"))  # type: ignore[arg-type]
+            else:
+                error = SequenceError(
+                    f"Sequence {control.echo!r} is not open on model {self.name!r}: "
+                    "its first request must have sequence_start=true (or its state expired)"
+                )
+            self._unrun(pending, error)
+            if claim.kind == "ended":
+                seq.live = False
+                seq.stop_idle()
+                self.table.settle(seq, claim.reason or "end")  # type: ignore[arg-type]
+            else:
+                seq.live = False  # another replica has it, or the store has nothing of it
+                self._go_on(seq)
+        return runs
+
+    def _unrun(self, pending: Pending, outcome: InferenceResponse | Exception) -> None:
+        """Answer a request that was taken to run but does not run, and free its sequence."""
+        pending.sequence.running = None
+        pending.running = False
+        if pending.future.done():
+            return
+        if isinstance(outcome, Exception):
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
+
+    def _answered_from_steps(self, pending: Pending, done: int, answer: Any) -> bool:
+        """Whether ``pending``'s ``sequence_step`` answers it without running (after ``done`` steps
+        applied, the last one's ``answer`` kept or None): a retry of that step, or out of order."""
+        step = pending.control.step
+        if step is None:
+            return False
+        seq = pending.sequence
+        if step == done and answer is not None and (seq.live or self.shared is not None):
+            self.replayed += 1
+            self._unrun(pending, answer.model_copy())
+        elif pending.control.start or step == done + 1:
+            return False
+        else:
+            self._unrun(
+                pending,
+                SequenceStepConflict(
+                    f"Sequence {pending.control.echo!r} expects {STEP}={done + 1}, got {step}"
+                    + (" (a retry of a step older than the last applied one)" if step <= done else ""),
+                    done + 1,
+                ),
+            )
+        self._go_on(seq)
+        return True
+
+    def _go_on(self, seq: Sequence) -> None:
+        """After a request of ``seq`` was answered without running: its next request may run; a
+        sequence this replica never ran (another replica served it) is not kept open here."""
+        if self.shared is not None and not seq.live and not seq.queue:
+            self.table.forget(seq)
+        else:
+            self.released(seq)
+
+    def _count_steps(self, batch: list[Pending], results: list[Any], good: list[int]) -> None:
+        for i in good:
+            pending = batch[i]
+            seq = pending.sequence
+            seq.step = 1 if pending.control.start else seq.step + 1
+            seq.answer = results[i] if pending.control.step is not None else None
+
+    async def commit(
+        self, batch: list[Pending], steps: list[SequenceStep], results: list[Any], ends: list[bool]
+    ) -> list[tuple[str, Any]]:
+        """Keep the outcome of the steps that succeeded (``results`` are responses, already marked):
+        the states of those that go on, the step counts and the answers of numbered steps. A step
+        whose write a shared store refused gets 503 in ``results`` instead. Returns the evicted states."""
+        good = [i for i, result in enumerate(results) if isinstance(result, InferenceResponse)]
+        shared = self.shared
+        if shared is None:
+            keep = [(steps[i].sequence_id, steps[i].state) for i in good if not ends[i]]
+            evicted = await self.store.save(keep) if keep else []
+            self._count_steps(batch, results, good)
+            return evicted
+        self._count_steps(batch, results, good)
+        commits = [
+            Commit(
+                batch[i].control.key,
+                steps[i].state,
+                batch[i].sequence.step,
+                batch[i].sequence.answer,
+                "end" if ends[i] else None,
+                release=batch[i].control.generated,
+            )
+            for i in good
+        ]
+        written = await shared.commit(commits) if commits else []
+        for i, ok in zip(good, written, strict=True):
+            if not ok:
+                results[i] = SequenceElsewhere(
+                    f"Sequence {batch[i].control.echo!r} was taken over by another replica while this step ran; "
+                    "its outcome was not kept: try the step again"
+                )
+        return []
 
     async def finished(self, seq: Sequence, *, ended: bool, state: Any = STORED, keep: bool = False) -> None:
         """Nothing of ``seq`` runs any more: end it (it ``ended``, or an ending waits for this), or keep
@@ -214,6 +412,7 @@ class SequenceEngine:
         """End ``seq`` now (from the worker): its state leaves the store, the model is told, and
         once nothing of it runs its queued requests fail (up to a waiting START)."""
         seq.stop_idle()
+        await self._record_end(seq.key, reason)
         stored = await self.store.pop(seq.key)
         if seq.live:
             seq.live = False
@@ -235,22 +434,49 @@ class SequenceEngine:
         """Tell the model of the endings decided outside the worker (timers, cancellations)."""
         while self._notices:
             key, reason = self._notices.popleft()
+            await self._record_end(key, reason)
             await self.tell(key, reason, await self.store.pop(key))
 
+    async def _record_end(self, key: str, reason: EndReason) -> None:
+        """With a shared store: record how the sequence ended there (if this replica still holds it)."""
+        shared = self.shared
+        if shared is not None:
+            await shared.record_end(key, reason)
+
+    async def hand_over(self) -> None:
+        """With a shared store, as the server drains: release the leases of the sequences that run
+        and wait for nothing here, so that another replica takes each over at its next step at once
+        (the others are released when they have run, at ``stop``)."""
+        shared = self.shared
+        if shared is None:
+            return
+        idle = [
+            key for key, seq in self.table.active.items() if not self.strategy.busy(seq) and not seq.queue
+        ]
+        if idle:
+            await shared.release(idle)
+            logger.info("Model %r handed %d sequence(s) over to other replicas", self.name, len(idle))
+
     async def stop(self) -> None:
-        """End every open sequence (reason ``unload``) and empty the store; call once nothing runs."""
+        """End every open sequence (reason ``unload``) and empty the store; call once nothing runs.
+
+        With a shared store the sequences go on elsewhere: their states stay in the store and their
+        leases are released, so that another replica takes each over at its next step."""
         await self.deliver_notices()
+        kept = dict(await self.store.clear()) if self.shared is not None else {}
         for seq in list(self.table.active.values()):
             seq.stop_timers()
             if seq.live:
                 seq.live = False
                 held, state = self.strategy.detach(seq)
                 if not held:
-                    state = await self.store.pop(seq.key)
+                    state = kept.get(seq.key) if self.shared is not None else await self.store.pop(seq.key)
                 await self.tell(seq.key, "unload", state)
             seq.running = None
             self.table.settle(seq, "unload", everything=True)
-        await self.store.clear()
+        if self.shared is None:
+            await self.store.clear()
+        await self.store.close()
 
     # ------------------------------------------------------------------ endings decided outside the worker
 
@@ -297,6 +523,7 @@ class SequenceEngine:
             "max_sequence_idle_ms": s.max_sequence_idle_ms,
             "sequence_timeout_ms": s.sequence_timeout_ms,
             "sequence_state_capacity": self.store.capacity,
+            "sequence_store": "shared" if self.shared is not None else "memory",
             "sequence_ended_memory": s.sequence_ended_memory,
         }
 
@@ -309,4 +536,5 @@ class SequenceEngine:
             "states_held": len(self.store),
             "ended": dict(table.ended_by),
             "rejected": dict(table.rejected),
+            "replayed_steps": self.replayed,
         }

@@ -8,6 +8,8 @@ request parameters, read once, checked and turned into a typed ``SequenceControl
   (``"yes"``, ``1``) is refused, naming the parameter. Only flags a transport read as text (HTTP
   headers) may say ``"true"``/``"false"``, ``"1"``/``"0"``, ``"yes"``/``"no"`` (any case).
 - A START without an id gets a server-made id, ``seq-<uuid4>``, from the ``secrets`` module.
+- ``sequence_step`` (optional) numbers a sequence's steps 1, 2, 3, ... so that a retried step is
+  applied once: an unsigned integer (from text only in an HTTP header); a START's is 1.
 
 Transports translate their own ways of saying these (REST: the TorchServe headers
 ``ts_request_sequence_id`` / ``_start`` / ``_end``) into the same parameters with
@@ -16,7 +18,7 @@ Transports translate their own ways of saying these (REST: the TorchServe header
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,9 @@ from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
 ID = "sequence_id"
 START = "sequence_start"
 END = "sequence_end"
-FIELDS = (ID, START, END)
+STEP = "sequence_step"
+REPLICA = "sequence_replica"
+FIELDS = (ID, START, END, STEP)
 
 MAX_ID_BYTES = 128
 MAX_INT_ID = 2**64 - 1
@@ -49,6 +53,8 @@ class SequenceControl:
     end: bool
     generated: bool = False
     """True when the server made the id (a START without one)."""
+    step: int | None = None
+    """The client's number for this step (``sequence_step``), or None when it numbers none."""
 
 
 def _extra(parameters: Parameters | None) -> dict[str, Any]:
@@ -74,6 +80,26 @@ def _text_flag(value: Any, name: str) -> bool:
         if lowered in _FALSE:
             return False
     return _flag(value, name)
+
+
+def _step(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SequenceError(f"{STEP} must be an unsigned integer, got {type(value).__name__} {value!r}")
+    if value < 1 or value > MAX_INT_ID:
+        raise SequenceError(f"{STEP} must be an integer from 1 up, got {value}")
+    return value
+
+
+def _text_step(value: Any) -> int | None:
+    """A step number as a transport read it from text (an HTTP header)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit():
+            raise SequenceError(f"{STEP} must be an unsigned integer, got {value!r}")
+        value = int(text)
+    return _step(value)
 
 
 def _id(value: Any) -> SequenceId | None:
@@ -105,14 +131,19 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     given = _id(extra.get(ID))
     start = _flag(extra.get(START), START)
     end = _flag(extra.get(END), END)
+    step = _step(extra.get(STEP))
+    if step is not None and start and step != 1:
+        raise SequenceError(
+            f"A request with sequence_start=true is step 1 of its sequence, not {STEP}={step}"
+        )
     if given is None:
         if not start:
             if end:
                 raise SequenceError("sequence_end needs the sequence_id of the sequence it ends")
             return None
         made = f"seq-{new_secret_id()}"
-        return SequenceControl(key=made, echo=made, start=True, end=end, generated=True)
-    return SequenceControl(key=str(given), echo=given, start=start, end=end)
+        return SequenceControl(key=made, echo=made, start=True, end=end, generated=True, step=step)
+    return SequenceControl(key=str(given), echo=given, start=start, end=end, step=step)
 
 
 def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any]) -> None:
@@ -129,23 +160,66 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
     for name, value in fields.items():
         if name not in FIELDS:
             raise ValueError(f"{name!r} is not a sequence field")
-        if name != ID:
+        if name == STEP:
+            value = _text_step(value)
+        elif name != ID:
             value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
             set_extra(request.parameters, name, value)
             continue
-        same = str(_id(extra[name])) == str(_id(value)) if name == ID else _flag(extra[name], name) == value
+        if name == ID:
+            same = str(_id(extra[name])) == str(_id(value))
+        elif name == STEP:
+            same = _step(extra[name]) == value
+        else:
+            same = _flag(extra[name], name) == value
         if not same:
             raise SequenceError(
                 f"The request's parameters say {name}={extra[name]!r} but its headers say {value!r}"
             )
 
 
-def mark_response(response: InferenceResponse, control: SequenceControl, ended: bool) -> None:
-    """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``."""
+HEADERS = {
+    "ts_request_sequence_id": ID,
+    "ts_request_sequence_start": START,
+    "ts_request_sequence_end": END,
+    STEP: STEP,
+}
+"""Transport headers (HTTP headers, gRPC metadata; lower-case names) -> the sequence fields they set."""
+
+
+def apply_headers(request: InferenceRequest, headers: Iterable[tuple[str, str]]) -> None:
+    """Merge the sequence headers among ``headers`` (lower-case names) into the request's parameters."""
+    fields = {HEADERS[name]: value for name, value in headers if name in HEADERS}
+    if fields:
+        apply_transport_fields(request, fields)
+
+
+def response_headers(response: InferenceResponse) -> dict[str, str]:
+    """The headers (HTTP) / metadata (gRPC) that echo a sequence response's id, end and replica,
+    for routers in front of replicas and for clients that let the server make the id."""
+    extra = response.parameters.model_extra if response.parameters is not None else None
+    if not extra or ID not in extra:
+        return {}
+    headers = {"ts_request_sequence_id": str(extra[ID])}
+    if extra.get(END) is True:
+        headers["ts_request_sequence_end"] = "true"
+    replica = extra.get(REPLICA)
+    if replica is not None:
+        headers[REPLICA] = str(replica)
+    return headers
+
+
+def mark_response(
+    response: InferenceResponse, control: SequenceControl, ended: bool, replica: str | None = None
+) -> None:
+    """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``;
+    with replicas sharing the states, name the ``replica`` that served the step (``sequence_replica``)."""
     if response.parameters is None:
         response.parameters = Parameters()
     set_extra(response.parameters, "sequence_id", control.echo)
+    if replica is not None:
+        set_extra(response.parameters, "sequence_replica", replica)
     if ended:
         set_extra(response.parameters, "sequence_end", True)
     elif "sequence_end" in (response.parameters.model_extra or {}):

@@ -73,6 +73,10 @@ class Sequence:
     idle_timer: asyncio.TimerHandle | None = None
     life_timer: asyncio.TimerHandle | None = None
     in_ready: bool = False
+    step: int = 0
+    """Steps of the current sequence applied so far (with a shared store: as the last claim said)."""
+    answer: Any = None
+    """The answer of the last applied step, when the client numbered it (``sequence_step``)."""
 
     def stop_timers(self) -> None:
         for timer in (self.idle_timer, self.life_timer):
@@ -96,8 +100,13 @@ def ended_message(echo: Any, reason: EndReason) -> str:
 class Sequences:
     """Open sequences by key, recently ended ones by key, and the admission rules."""
 
-    def __init__(self, model: str, max_sequences: int, max_queue: int, memory: int) -> None:
+    def __init__(
+        self, model: str, max_sequences: int, max_queue: int, memory: int, *, shared: bool = False
+    ) -> None:
         self.model = model
+        self.shared = shared
+        """The states live in a store shared by replicas: a request to an id not open here may be
+        for a sequence another replica served, so it is admitted and the store decides."""
         self.max_sequences = max_sequences
         self.max_queue = max_queue
         self.memory = memory
@@ -118,15 +127,7 @@ class Sequences:
         replaces: EndReason | None = None
         if control.start:
             if seq is None:
-                if len(self.active) >= self.max_sequences:
-                    self.rejected["capacity"] += 1
-                    raise Overloaded(
-                        f"Model {self.model!r} has {len(self.active)} open sequences, its max_sequences; "
-                        "end one or try again later"
-                    )
-                seq = Sequence(control.key)
-                self.active[control.key] = seq
-                self.ended.pop(control.key, None)
+                seq = self._open(control)
             else:
                 self._check_room(seq, control)
                 if seq.live or seq.queue or seq.running is not None:
@@ -134,7 +135,9 @@ class Sequences:
                 seq.pending_end = None
                 seq.closed = None
         else:
-            if seq is None:
+            if seq is None and self.shared:
+                seq = self._open(control)
+            elif seq is None:
                 reason = self.ended.get(control.key)
                 if reason is not None:
                     self.rejected["ended"] += 1
@@ -152,6 +155,18 @@ class Sequences:
             seq.closed = "end"
         return seq, replaces
 
+    def _open(self, control: SequenceControl) -> Sequence:
+        if len(self.active) >= self.max_sequences:
+            self.rejected["capacity"] += 1
+            raise Overloaded(
+                f"Model {self.model!r} has {len(self.active)} open sequences, its max_sequences; "
+                "end one or try again later"
+            )
+        seq = Sequence(control.key)
+        self.active[control.key] = seq
+        self.ended.pop(control.key, None)
+        return seq
+
     def _check_room(self, seq: Sequence, control: SequenceControl) -> None:
         if len(seq.queue) >= self.max_queue:
             self.rejected["queue_full"] += 1
@@ -167,6 +182,15 @@ class Sequences:
         self.ended.move_to_end(key)
         while len(self.ended) > self.memory:
             self.ended.popitem(last=False)
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop a sequence that runs and waits for nothing without remembering an ending (with a
+        shared store: another replica holds it, or the store has no such sequence)."""
+        if seq.queue or seq.running is not None or not self.current(seq):
+            return
+        seq.stop_timers()
+        seq.live = False
+        del self.active[seq.key]
 
     def settle(self, seq: Sequence, reason: EndReason, *, everything: bool = False) -> None:
         """After the sequence ended: fail its queued requests (up to the next START, or ``everything``),

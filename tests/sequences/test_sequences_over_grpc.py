@@ -229,3 +229,26 @@ def test_a_cancelled_grpc_call_cancels_its_sequence(server: RunningServer, stub:
         and "reason: cancel" in refused.value.details()
     )
     assert total(held.result(timeout=30)) == 2
+
+
+def test_metadata_carries_the_sequence_and_step_numbers_make_steps_exactly_once(stub: InferenceStub) -> None:
+    first, call = stub.ModelInfer.with_call(
+        step("recorder", 4),
+        metadata=(
+            ("ts_request_sequence_id", "meta-1"),
+            ("ts_request_sequence_start", "true"),
+            ("sequence_step", "1"),
+        ),
+    )
+    assert total(first) == 4 and first.parameters["sequence_id"].string_param == "meta-1"
+    assert ("ts_request_sequence_id", "meta-1") in tuple(call.trailing_metadata())
+    second = stub.ModelInfer(step("recorder", 3, sequence_id="meta-1", sequence_step=2))
+    retried = stub.ModelInfer(step("recorder", 3, sequence_id="meta-1", sequence_step=2))
+    assert total(second) == total(retried) == 7
+    with pytest.raises(grpc.RpcError) as ahead:
+        stub.ModelInfer(step("recorder", 1, sequence_id="meta-1", sequence_step=5))
+    assert (
+        ahead.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "sequence_step=3" in ahead.value.details()
+    )
+    stub.ModelInfer(step("recorder", 1, sequence_id="meta-1", sequence_end=True))

@@ -1,0 +1,371 @@
+"""Sequence states in Redis, shared by the replicas of a model (``sequence_store: "redis://host:port/db"``).
+
+One Redis hash per sequence, under ``mlserver:seq:<model>:<version>:<sequence id>``, holds:
+
+- ``state``: the model's state after the last applied step, pickled (binary; numpy arrays and
+  tensors travel as their bytes, not as JSON);
+- ``step``: how many steps were applied; ``answer``: the pickled answer of the last one when the
+  client numbered it (``sequence_step``), so that a retry of it gets that answer again;
+- ``owner``, ``token``, ``until``: the lease. ``owner`` is the replica applying the sequence's steps,
+  ``until`` (Redis time, ms) when its lease expires, ``token`` the fencing token: it grows each time
+  the sequence changes hands (or STARTs again), and every write checks it, so a replica that lost
+  the sequence (its lease expired, another took over) cannot write it any more;
+- ``ended``: the reason the sequence ended, once it did (the state is dropped then).
+
+The hash expires after ``max_sequence_idle_ms`` without a step (an ended one after that, or an hour
+when the idle timeout is off). Claims and writes are Lua scripts, so each is atomic: the claims
+of a batch are one script call (one round trip), and so are its writes.
+
+The states are pickled: the Redis server is trusted infrastructure of the deployment (whoever can
+write to it can run code in the replicas), as a model repository is.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import Unavailable
+from ..ids import new_secret_id
+from .store import Claim, Commit, SharedStateStore
+
+logger = logging.getLogger(__name__)
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: the sequences; ARGV: owner, lease ms, ttl ms, then per key: start ('1'/'0'), step (0: none)
+_CLAIM = (
+    _NOW
+    + """
+local owner, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function claim(key, start, step)
+  local h = redis.call('HMGET', key, 'owner', 'token', 'until', 'ended', 'step')
+  local holder, token, untl, ended = h[1], tonumber(h[2]) or 0, tonumber(h[3]) or 0, h[4]
+  local done = tonumber(h[5]) or 0
+  if h[2] and step > 0 and step == done then
+    local answer = redis.call('HGET', key, 'answer')
+    if answer then return {'replay', answer} end
+  end
+  if holder and holder ~= owner and untl > now then return {'busy', untl - now} end
+  if start then
+    token = token + 1
+    redis.call('DEL', key)
+    redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease, 'step', 0)
+    if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+    return {'ok', token, false, 0}
+  end
+  if ended then return {'ended', ended, done} end
+  if not h[2] then return {'none'} end
+  if step > 0 and step ~= done + 1 then return {'conflict', done} end
+  if holder ~= owner then token = token + 1 end
+  redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+  return {'ok', token, redis.call('HGET', key, 'state') or false, done}
+end
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = claim(key, ARGV[2 * i + 2] == '1', tonumber(ARGV[2 * i + 3]))
+end
+return out
+"""
+)
+
+# KEYS: the sequences; ARGV: owner, lease ms, ttl ms, ended ttl ms, then per key 7 values: token,
+# ended reason ('' = goes on), step count ('' = leave), state, '1' if an answer follows, answer,
+# '1' to free the lease with the write. A key whose owner or token differ is not written (0).
+_COMMIT = (
+    _NOW
+    + """
+local owner, lease, ttl, ended_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local function commit(key, b)
+  local h = redis.call('HMGET', key, 'owner', 'token')
+  if h[1] ~= owner or tonumber(h[2]) ~= tonumber(ARGV[b + 1]) then return 0 end
+  local ended, step = ARGV[b + 2], ARGV[b + 3]
+  if step ~= '' then
+    redis.call('HSET', key, 'step', step)
+    if ARGV[b + 5] == '1' then redis.call('HSET', key, 'answer', ARGV[b + 6]) else redis.call('HDEL', key, 'answer') end
+  end
+  if ended ~= '' then
+    redis.call('HDEL', key, 'state', 'owner', 'until')
+    redis.call('HSET', key, 'ended', ended)
+    if ended_ttl > 0 then redis.call('PEXPIRE', key, ended_ttl) end
+    return 1
+  end
+  local held = lease
+  if ARGV[b + 7] == '1' then held = 0 end
+  redis.call('HSET', key, 'state', ARGV[b + 4], 'until', now + held)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+  return 1
+end
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = commit(key, 4 + 7 * (i - 1))
+end
+return out
+"""
+)
+
+# KEYS: the sequences; ARGV: owner, then each key's token
+_RELEASE = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'owner', 'token')
+  if h[1] == ARGV[1] and tonumber(h[2]) == tonumber(ARGV[i + 1]) then
+    redis.call('HSET', key, 'until', 0)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+LEASE_MARGIN = 0.8
+"""Share of the lease this replica counts on: past it, a step claims the sequence again."""
+
+ENDED_TTL_MS = 3_600_000
+"""How long an ended sequence is remembered when the idle timeout is off."""
+
+
+class _Pickler(pickle.Pickler):
+    """Pickle, with CPU tensors as numpy arrays: their bytes in one piece, about ten times faster
+    than a tensor's own pickling (which goes through ``torch.save``); torch stays out of the imports."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls.__name__ == "Tensor" and cls.__module__ == "torch":
+            try:
+                array = obj.detach().numpy() if obj.device.type == "cpu" and not obj.requires_grad else None
+            except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a conjugate view, ...
+                array = None
+            if array is not None:
+                return _tensor_from_numpy, (array,)
+        return NotImplemented
+
+
+def _tensor_from_numpy(array: Any) -> Any:
+    import torch  # only where a tensor was stored
+
+    return torch.from_numpy(array)
+
+
+def dumps(value: Any) -> bytes:
+    """A state or an answer as bytes (pickle protocol 5; CPU tensors as their raw bytes)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(value)
+    return buffer.getvalue()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStateStore(SharedStateStore):
+    """The states of one model version's sequences in Redis; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str | None,
+        *,
+        capacity: int,
+        ttl_ms: int,
+        lease_ms: int,
+        replica: str | None = None,
+    ) -> None:
+        import redis.asyncio as aioredis  # an optional dependency: pip install 'mlserver-like[redis]'
+        from redis.exceptions import RedisError
+
+        self.url = url
+        self.capacity = capacity
+        self.ttl_ms = ttl_ms
+        self.ended_ttl_ms = ttl_ms or ENDED_TTL_MS
+        self.lease_ms = lease_ms
+        self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{new_secret_id()[:8]}"
+        self.prefix = f"mlserver:seq:{model}:{version or ''}:"
+        self.client = aioredis.Redis.from_url(url)
+        self._redis_error = RedisError
+        self._claim = self.client.register_script(_CLAIM)
+        self._commit = self.client.register_script(_COMMIT)
+        self._release = self.client.register_script(_RELEASE)
+        self._held: dict[str, tuple[int, Any]] = {}
+        """The sequences this replica holds: key -> (fencing token, last state)."""
+        self._fresh: dict[str, float] = {}
+        """Key -> (monotonic) time before which this replica's lease cannot have expired."""
+
+    def _renewed(self, key: str, sent: float) -> None:
+        # Redis set the lease after ``sent``; a margin covers clocks that run at other rates
+        self._fresh[key] = sent + self.lease_ms * LEASE_MARGIN / 1000
+
+    def holding(self, key: str) -> tuple[bool, Any]:
+        held = self._held.get(key)
+        deadline = self._fresh.get(key)
+        if held is None or deadline is None or time.monotonic() >= deadline:
+            return False, None
+        return True, held[1]
+
+    def key(self, key: str) -> str:
+        return self.prefix + key
+
+    # ------------------------------------------------------------------ the step protocol
+
+    async def claim(self, items: Sequence[tuple[str, bool, int | None]]) -> list[Claim]:
+        if not items:
+            return []
+        args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms]
+        for _key, start, step in items:
+            args += (int(start), step or 0)
+        sent = time.monotonic()
+        replies = await self._run(self._claim, [self.key(key) for key, _, _ in items], args)
+        claims: list[Claim] = []
+        for (key, _start, _step), reply in zip(items, replies, strict=True):
+            kind = _text(reply[0])
+            if kind == "ok":
+                state = pickle.loads(reply[2]) if reply[2] else None
+                self._held[key] = (int(reply[1]), state)
+                self._renewed(key, sent)
+                claims.append(Claim("ok", state=state, done=int(reply[3])))
+            elif kind == "replay":
+                claims.append(Claim("replay", answer=pickle.loads(reply[1])))
+            elif kind == "conflict":
+                claims.append(Claim("conflict", done=int(reply[1])))
+            elif kind == "busy":
+                claims.append(Claim("busy", retry_ms=int(reply[1])))
+            elif kind == "ended":
+                self._forget(key)
+                claims.append(Claim("ended", reason=_text(reply[1]), done=int(reply[2])))
+            else:
+                self._forget(key)
+                claims.append(Claim("none"))
+        return claims
+
+    async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Call a script; Redis out of reach is a "try again later" (503), not a server fault."""
+        try:
+            return await script(keys=keys, args=args)
+        except (self._redis_error, OSError) as exc:
+            raise Unavailable(
+                f"The sequence state store is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _forget(self, key: str) -> Any:
+        self._fresh.pop(key, None)
+        held = self._held.pop(key, None)
+        return held[1] if held is not None else None
+
+    async def _write(self, writes: list[tuple[str, int, list[Any]]]) -> list[bool]:
+        """One fenced write per (key, token, [ended, step, state, has answer, answer, release])."""
+        if not writes:
+            return []
+        args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms, self.ended_ttl_ms]
+        for _key, token, values in writes:
+            args += (token, *values)
+        replies = await self._run(self._commit, [self.key(key) for key, _, _ in writes], args)
+        return [bool(reply) for reply in replies]
+
+    async def commit(self, items: Sequence[Commit]) -> list[bool]:
+        writes: list[tuple[str, int, list[Any]]] = []
+        for item in items:
+            held = self._held.get(item.key)
+            if held is None:
+                continue
+            values = [
+                item.ended or "",
+                item.step,
+                b"" if item.ended else dumps(item.state),
+                int(item.answer is not None),
+                b"" if item.answer is None else dumps(item.answer),
+                int(item.release),
+            ]
+            writes.append((item.key, held[0], values))
+        sent = time.monotonic()
+        outcome = dict(zip((key for key, _, _ in writes), await self._write(writes), strict=True))
+        written: list[bool] = []
+        for item in items:
+            ok = outcome.get(item.key, False)
+            written.append(ok)
+            if ok and not item.ended:
+                self._held[item.key] = (self._held[item.key][0], item.state)
+                if item.release:
+                    self._fresh.pop(item.key, None)
+                else:
+                    self._renewed(item.key, sent)
+            else:
+                self._forget(item.key)
+        return written
+
+    async def record_end(self, key: str, reason: str) -> bool:
+        """Record an ending (best effort: with Redis out of reach the record expires with its TTL)."""
+        held = self._held.get(key)
+        if held is None:
+            return False
+        try:
+            (written,) = await self._write([(key, held[0], [reason, "", b"", 0, b"", 0])])
+        except Unavailable as exc:
+            logger.warning("Could not record that sequence %r ended (%s): %s", key, reason, exc)
+            return False
+        return written
+
+    async def release(self, keys: Sequence[str]) -> None:
+        """Release leases (best effort: with Redis out of reach they expire by themselves)."""
+        held = [(key, self._held[key]) for key in keys if key in self._held]
+        for key, _held in held:
+            self._forget(key)
+        if not held:
+            return
+        try:
+            await self._run(
+                self._release,
+                [self.key(key) for key, _ in held],
+                [self.replica, *(token for _, (token, _s) in held)],
+            )
+        except Unavailable as exc:
+            logger.warning("Could not release %d sequence lease(s): %s", len(held), exc)
+
+    # ------------------------------------------------------------------ StateStore (what this replica holds)
+
+    async def load(self, keys: Sequence[str]) -> list[Any]:
+        return [held[1] if (held := self._held.get(key)) is not None else None for key in keys]
+
+    async def save(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Write states of held sequences (fenced), leaving their step counts as they are."""
+        states = dict(items)
+        writes = [
+            (key, self._held[key][0], ["", "", dumps(state), 0, b"", 0])
+            for key, state in states.items()
+            if key in self._held
+        ]
+        sent = time.monotonic()
+        for (key, token, _values), ok in zip(writes, await self._write(writes), strict=True):
+            if ok:
+                self._held[key] = (token, states[key])
+                self._renewed(key, sent)
+            else:
+                self._forget(key)
+        return []
+
+    async def pop(self, key: str) -> Any:
+        """Forget a sequence here (its record in Redis stays: ``record_end`` says how it ended)."""
+        return self._forget(key)
+
+    async def clear(self) -> list[tuple[str, Any]]:
+        """Release every lease this replica holds (the states stay for another replica)."""
+        items = [(key, state) for key, (_token, state) in self._held.items()]
+        await self.release(list(self._held))
+        return items
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,261 @@
+"""Sequences over replicas: exactly-once steps (``sequence_step``) and the Redis state store, with a real
+redis-server: states with a TTL, endings every replica sees, leases with fencing tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from runtime.sequences.redis_store import RedisStateStore
+from runtime.sequences.store import Commit
+
+from ..conftest import InProcess
+from ..sequencing import scheduler, serve, step, total
+
+pytestmark = pytest.mark.anyio
+
+
+# ---------------------------------------------------------------------- sequence_step, one replica
+
+
+async def test_a_retried_step_gets_its_answer_and_applies_nothing(inprocess: InProcess) -> None:
+    model = await serve(inprocess)
+    async with inprocess.client() as client:
+        first = await step(client, 5, sequence_id="s", sequence_start=True, sequence_step=1)
+        assert total(first) == 5
+        again = await step(client, 5, sequence_id="s", sequence_start=True, sequence_step=1)
+        assert total(again) == 5 and again.json() == first.json()
+        second = await step(client, 3, headers={"sequence_step": "2"}, sequence_id="s")
+        assert total(second) == 8
+        retried = await step(client, 3, headers={"sequence_step": "2"}, sequence_id="s")
+        assert total(retried) == 8
+        assert len(model.batches) == 2  # the retries ran nothing
+        ahead = await step(client, 1, sequence_id="s", sequence_step=4)
+        assert ahead.status_code == 409 and "sequence_step=3" in ahead.json()["error"]
+        older = await step(client, 1, sequence_id="s", sequence_step=1)
+        assert older.status_code == 409
+        assert total(await step(client, 1, sequence_id="s")) == 9  # without numbers: as before
+        assert total(await step(client, 1, sequence_id="s", sequence_step=4)) == 10
+    stats = scheduler(inprocess).describe()["stats"]
+    assert stats["replayed_steps"] == 2 and stats["steps"] == 4
+
+
+async def test_malformed_step_numbers_are_refused(inprocess: InProcess) -> None:
+    await serve(inprocess)
+    async with inprocess.client() as client:
+        for params, headers in (
+            ({"sequence_step": 0}, None),
+            ({"sequence_step": "2"}, None),
+            ({"sequence_step": 2, "sequence_start": True}, None),
+            ({}, {"sequence_step": "two"}),
+            ({"sequence_step": 2}, {"sequence_step": "3"}),
+        ):
+            bad = await step(client, 1, headers=headers, sequence_id="m", **params)
+            assert bad.status_code == 400 and "sequence_step" in bad.json()["error"], (params, bad.text)
+
+
+# ---------------------------------------------------------------------- the Redis store itself
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    from ..external import redis_server
+
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+async def stores(redis_url: str) -> AsyncIterator[list[RedisStateStore]]:
+    made = [
+        RedisStateStore(redis_url, "fence", None, capacity=10, ttl_ms=60000, lease_ms=lease, replica=name)
+        for name, lease in (("a", 200), ("b", 200))
+    ]
+    await made[0].client.flushdb()
+    yield made
+    for store in made:
+        await store.close()
+
+
+async def _claimed(store: RedisStateStore, key: str, start: bool = False, step: int | None = None) -> str:
+    """Claim until the other replica's lease has expired (or it is not busy); return the claim's kind."""
+    for _ in range(500):
+        (claim,) = await store.claim([(key, start, step)])
+        if claim.kind != "busy":
+            return claim.kind
+        await asyncio.sleep(claim.retry_ms / 1000)
+    raise TimeoutError("the lease never expired")
+
+
+async def test_a_stale_owner_cannot_write(stores: list[RedisStateStore]) -> None:
+    a, b = stores
+    (claim,) = await a.claim([("k", True, 1)])
+    assert claim.kind == "ok" and claim.state is None and claim.done == 0
+    assert await a.commit([Commit("k", {"sum": 1}, 1, "answer 1")]) == [True]
+    assert a.holding("k") == (True, {"sum": 1})  # its lease is fresh: its next step needs no claim
+    (busy,) = await b.claim([("k", False, 2)])
+    assert busy.kind == "busy" and 0 < busy.retry_ms <= 200
+    assert await _claimed(b, "k", step=2) == "ok"  # a's lease expired: b takes over
+    assert a.holding("k") == (False, None)  # a counts on its lease no longer
+    assert await a.commit([Commit("k", {"sum": 99}, 2, None)]) == [False]  # a is stale now
+    assert not await a.record_end("k", "idle")
+    assert await b.load(["k"]) == [{"sum": 1}]
+    assert await b.commit([Commit("k", {"sum": 3}, 2, "answer 2")]) == [True]
+    (replay,) = await a.claim([("k", False, 2)])
+    assert replay.kind == "replay" and replay.answer == "answer 2"
+    ttl = await a.client.pttl(a.key("k"))
+    assert 0 < ttl <= 60000  # the idle timeout
+
+
+async def test_two_replicas_racing_for_a_sequence_one_wins(stores: list[RedisStateStore]) -> None:
+    a, b = stores
+    for round_ in range(20):
+        key = f"race{round_}"
+        claims = await asyncio.gather(a.claim([(key, True, None)]), b.claim([(key, True, None)]))
+        kinds = sorted(c[0].kind for c in claims)
+        assert kinds == ["busy", "ok"]
+        winner, loser = (a, b) if claims[0][0].kind == "ok" else (b, a)
+        written = await asyncio.gather(
+            winner.commit([Commit(key, round_, 1, None)]), loser.commit([Commit(key, -1, 1, None)])
+        )
+        assert list(written) == [[True], [False]]
+
+
+async def test_an_ending_is_recorded_for_every_replica(stores: list[RedisStateStore]) -> None:
+    a, b = stores
+    await a.claim([("e", True, 1)])
+    await a.commit([Commit("e", None, 1, "last answer", ended="end")])
+    (ended,) = await b.claim([("e", False, None)])
+    assert ended.kind == "ended" and ended.reason == "end" and ended.done == 1
+    (replay,) = await b.claim([("e", False, 1)])  # a retried END gets its answer
+    assert replay.kind == "replay" and replay.answer == "last answer"
+    (none,) = await b.claim([("never", False, None)])
+    assert none.kind == "none"
+    ttl = await a.client.pttl(a.key("e"))
+    assert 0 < ttl <= 60000
+
+
+# ---------------------------------------------------------------------- two replicas in process
+
+
+async def _replicas(redis_url: str, **settings: Any) -> tuple[InProcess, InProcess]:
+    a, b = InProcess(), InProcess()
+    for server in (a, b):
+        await serve(server, sequence_store=redis_url, sequence_lease_ms=300, **settings)
+    return a, b
+
+
+async def test_a_sequence_goes_on_at_another_replica(redis_url: str) -> None:
+    a, b = await _replicas(redis_url)
+    replica_a = scheduler(a).engine.replica
+    try:
+        async with a.client() as on_a, b.client() as on_b:
+            first = await step(on_a, 5, sequence_id="moving", sequence_start=True, sequence_step=1)
+            assert total(first) == 5 and first.headers["sequence_replica"] == replica_a
+            assert total(await step(on_a, 2, sequence_id="moving", sequence_step=2)) == 7
+            held = await step(on_b, 1, sequence_id="moving", sequence_step=3)
+            assert held.status_code == 503 and held.headers["retry-after"] == "1"
+            moved = held
+            for _ in range(200):  # until a's lease (300 ms) has expired, as a client honouring Retry-After
+                moved = await step(on_b, 1, sequence_id="moving", sequence_step=3)
+                if moved.status_code != 503:
+                    break
+                await asyncio.sleep(0.05)
+            assert total(moved) == 8 and moved.headers["sequence_replica"] != replica_a
+            stale = await step(on_a, 1, sequence_id="moving", sequence_step=3)  # a retry sent to a
+            assert total(stale) == 8
+            end = await step(on_b, 2, sequence_id="moving", sequence_step=4, sequence_end=True)
+            assert total(end) == 10
+            for client in (on_a, on_b):
+                late = await step(client, 1, sequence_id="moving")
+                assert late.status_code == 400 and "reason: end" in late.json()["error"]
+                again = await step(client, 2, sequence_id="moving", sequence_step=4, sequence_end=True)
+                assert total(again) == 10
+            missing = await step(on_a, 1, sequence_id="nobody")
+            assert missing.status_code == 400 and "not open" in missing.json()["error"]
+    finally:
+        await a.registry.unload_all()
+        await b.registry.unload_all()
+
+
+async def test_unloading_hands_sequences_over(redis_url: str) -> None:
+    a, b = await _replicas(redis_url, max_sequence_idle_ms=60000)
+    try:
+        async with a.client() as on_a, b.client() as on_b:
+            assert total(await step(on_a, 4, sequence_id="h", sequence_start=True)) == 4
+            await a.registry.unload_all()  # releases the lease, keeps the state
+            assert total(await step(on_b, 1, sequence_id="h")) == 5  # at once: no lease to wait for
+    finally:
+        await b.registry.unload_all()
+
+
+async def test_a_server_made_id_may_be_routed_anywhere_after_its_start(redis_url: str) -> None:
+    a, b = await _replicas(redis_url)
+    try:
+        async with a.client() as on_a, b.client() as on_b:
+            first = await step(on_a, 3, sequence_start=True)
+            made = first.headers["ts_request_sequence_id"]
+            assert made.startswith("seq-") and total(first) == 3
+            # the next request carries the id, so a proxy hashing on it may pick the other replica:
+            # the START freed its lease, so that replica goes on at once
+            assert total(await step(on_b, 4, headers={"ts_request_sequence_id": made})) == 7
+    finally:
+        await a.registry.unload_all()
+        await b.registry.unload_all()
+
+
+async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
+    from ..external import free_port
+
+    server = InProcess()
+    await serve(server, sequence_store=f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        async with server.client() as client:
+            for _ in range(2):
+                down = await step(client, 1, sequence_id="r", sequence_start=True)
+                assert down.status_code == 503 and "state store is unreachable" in down.json()["error"]
+                assert down.headers["retry-after"] == "1"
+    finally:
+        await server.registry.unload_all()
+
+
+async def test_continuous_batching_refuses_a_shared_store(inprocess: InProcess) -> None:
+    from runtime.settings import ModelSettings
+
+    await inprocess.load(
+        ModelSettings(
+            name="ticks",
+            implementation="tests.continuous_models.SequenceTicker",
+            continuous_batching=True,
+            sequence_batching=True,
+            sequence_store="redis://127.0.0.1:1/0",
+        )
+    )
+    entry = inprocess.registry.find("ticks")
+    assert not entry.ready and "shared sequence_store serves sequence batching" in entry.reason
+
+
+async def test_a_step_of_a_sequence_held_here_is_one_round_trip(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    server = InProcess()
+    await serve(server, sequence_store=redis_url, sequence_lease_ms=60000)
+    probe = aioredis.Redis.from_url(redis_url)
+    try:
+        async with server.client() as client:
+            assert (
+                total(await step(client, 1, sequence_id="warm", sequence_start=True)) == 1
+            )  # scripts loaded
+            await probe.config_resetstat()
+            assert total(await step(client, 1, sequence_id="one-trip", sequence_start=True)) == 1
+            for n in range(2, 11):
+                assert total(await step(client, 1, sequence_id="one-trip", sequence_step=n)) == n
+        stats = await probe.info("commandstats")
+        # the START: a claim and a write; then each step: its fenced write alone
+        assert stats["cmdstat_evalsha"]["calls"] == 2 + 9
+    finally:
+        await probe.aclose()
+        await server.registry.unload_all()

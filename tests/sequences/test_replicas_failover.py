@@ -1,0 +1,204 @@
+"""Sequences survive the loss of a replica, with real processes: redis-server, two server replicas
+sharing it (``MLSERVER_MODEL_SEQUENCE_STORE``), and a proxy hashing on ``ts_request_sequence_id``:
+HAProxy and nginx, each with its shipped config (deploy/haproxy, deploy/nginx).
+
+64 counter sequences of 20 numbered steps each (``sequence_step``) run through the proxy while one
+replica is killed with SIGKILL and later started again; the client retries a step whose answer did
+not come (a dropped connection, 502/503/504), honouring ``Retry-After``. Every answer's history
+shows the inputs applied so far, so a step applied twice (or lost) would show; every sequence
+must finish with the right running sum. A drain test checks the hand-over on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..conftest import TEST_MODELS
+from ..external import free_port, haproxy, nginx, redis_server
+from ..servers import ROOT, RunningServer, start_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+FOLDER = TEST_MODELS / "replicas"
+SEQUENCES = 64
+STEPS = 20
+RETRYABLE = {502, 503, 504}
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+def replica(redis_url: str, port: int, *args: str, lease_ms: int = 1000) -> RunningServer:
+    env = {"MLSERVER_MODEL_SEQUENCE_STORE": redis_url, "MLSERVER_MODEL_SEQUENCE_LEASE_MS": str(lease_ms)}
+    return start_server(FOLDER, "--http-port", str(port), *args, env=env)
+
+
+def body(x: int, step: int) -> dict[str, Any]:
+    parameters: dict[str, Any] = {"sequence_step": step}
+    if step == 1:
+        parameters["sequence_start"] = True
+    if step == STEPS:
+        parameters["sequence_end"] = True
+    return {
+        "inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [x]}],
+        "parameters": parameters,
+    }
+
+
+class Run:
+    """The client side: counts applied steps, retries, and which replicas answered."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.retried = 0
+        self.replicas: set[str] = set()
+        self.milestones: dict[int, asyncio.Event] = {}
+
+    def at(self, steps: int) -> asyncio.Event:
+        return self.milestones.setdefault(steps, asyncio.Event())
+
+    def step_done(self) -> None:
+        self.done += 1
+        for steps, event in self.milestones.items():
+            if self.done >= steps:
+                event.set()
+
+
+async def counter(client: httpx.AsyncClient, run: Run, index: int) -> int:
+    """One sequence of STEPS steps, x = step number; returns its final sum."""
+    sid = f"counter-{index}"
+    final = -1
+    for number in range(1, STEPS + 1):
+        for attempt in range(400):
+            try:
+                answer = await client.post(
+                    "/v2/models/counter/infer",
+                    json=body(number, number),
+                    headers={"ts_request_sequence_id": sid, "sequence_step": str(number)},
+                )
+            except httpx.TransportError:
+                answer = None
+            if answer is not None and answer.status_code not in RETRYABLE:
+                break
+            run.retried += 1
+            wait = float(answer.headers.get("retry-after", "0.05")) if answer is not None else 0.05
+            await asyncio.sleep(min(wait, 0.1) * (1 + attempt % 3))
+        else:
+            raise AssertionError(f"{sid} step {number} never got an answer")
+        assert answer.status_code == 200, (sid, number, answer.text)
+        outputs = answer.json()["outputs"]
+        expected = list(range(1, number + 1))
+        assert [int(v) for v in outputs[1]["data"]] == expected, (sid, number, "applied other than once")
+        final = int(outputs[0]["data"][0])
+        assert final == sum(expected)
+        run.replicas.add(answer.headers["sequence_replica"])
+        run.step_done()
+    return final
+
+
+@pytest.mark.parametrize("proxy_kind", ["haproxy", "nginx"])
+async def test_sequences_survive_a_replica_killed_and_restarted(
+    redis_url: str, proxy_kind: str, record_property: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    front = {"haproxy": haproxy, "nginx": nginx}[proxy_kind]
+    ports = {"a": free_port(), "b": free_port()}
+    servers = {name: replica(redis_url, port) for name, port in ports.items()}
+    try:
+        with front([f"127.0.0.1:{port}" for port in ports.values()]) as proxy:
+            run = Run()
+            killed, back = run.at(SEQUENCES * STEPS // 4), run.at(SEQUENCES * STEPS // 2)
+
+            async def chaos() -> None:
+                await killed.wait()
+                servers["a"].process.send_signal(signal.SIGKILL)
+                servers["a"].stop()
+                await back.wait()
+                servers["a"] = await asyncio.to_thread(replica, redis_url, ports["a"])
+
+            limits = httpx.Limits(max_connections=SEQUENCES, max_keepalive_connections=SEQUENCES)
+            async with httpx.AsyncClient(base_url=proxy, limits=limits, timeout=30) as client:
+                trouble = asyncio.create_task(chaos())
+                sums = await asyncio.gather(*(counter(client, run, i) for i in range(SEQUENCES)))
+                await trouble
+            assert sums == [STEPS * (STEPS + 1) // 2] * SEQUENCES
+            assert run.done == SEQUENCES * STEPS
+            assert len(run.replicas) >= 3  # a, b and a again (a new process: a new replica id)
+            assert run.retried > 0  # the kill and the hand-back made clients retry
+            record_property("retried_steps", run.retried)
+            with capsys.disabled():
+                print(
+                    f"\n{SEQUENCES} sequences x {STEPS} steps through {proxy_kind}, one replica killed and "
+                    f"restarted: {run.retried} step attempts retried, every step applied once"
+                )
+    finally:
+        for server in servers.values():
+            server.stop(signal.SIGKILL)
+
+
+async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> None:
+    # a long lease: the other replica could not take over before it expires, unless it is released
+    a = replica(redis_url, free_port(), "--drain-delay", "30", lease_ms=60000)
+    b = replica(redis_url, free_port(), lease_ms=60000)
+    try:
+        async with (
+            httpx.AsyncClient(base_url=a.http_url) as on_a,
+            httpx.AsyncClient(base_url=b.http_url) as on_b,
+        ):
+            for number in (1, 2):
+                answer = await on_a.post(
+                    "/v2/models/counter/infer",
+                    json=body(number, number),
+                    headers={"ts_request_sequence_id": "d"},
+                )
+                assert answer.status_code == 200
+            held = await on_b.post(
+                "/v2/models/counter/infer", json=body(3, 3), headers={"ts_request_sequence_id": "d"}
+            )
+            assert held.status_code == 503 and held.headers["retry-after"] == "1"
+            a.process.send_signal(signal.SIGTERM)
+            a.wait_for_log("handed 1 sequence")
+            later = await on_a.post(
+                "/v2/models/counter/infer", json=body(3, 3), headers={"ts_request_sequence_id": "d"}
+            )
+            assert later.status_code == 503 and later.headers["retry-after"] == "1"
+            moved = await on_b.post(
+                "/v2/models/counter/infer", json=body(3, 3), headers={"ts_request_sequence_id": "d"}
+            )
+            assert moved.status_code == 200, moved.text
+            assert int(moved.json()["outputs"][0]["data"][0]) == 6
+    finally:
+        a.stop(signal.SIGKILL)
+        b.stop()
+
+
+def test_the_shipped_proxy_configs_are_valid() -> None:
+    """haproxy -c on the shipped config; nginx -t on the nginx one (skipped where nginx is absent)."""
+    from ..external import HAPROXY_CONFIG, binary
+
+    checked = subprocess.run(
+        [binary("haproxy"), "-c", "-f", str(HAPROXY_CONFIG)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (apt-get install nginx): deploy/nginx/nginx.conf not checked")
+    with tempfile.TemporaryDirectory() as prefix:
+        checked = subprocess.run(
+            [nginx, "-t", "-p", prefix, "-c", str(ROOT / "deploy" / "nginx" / "nginx.conf")],
+            capture_output=True,
+            text=True,
+        )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
