@@ -26,6 +26,18 @@ from runtime.errors import InvalidInput
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput
 
 
+def build(width: int, hidden: int, seed: int = 0) -> Any:
+    """The MLP width -> hidden -> width (ReLU between), weights from ``torch.manual_seed(seed)``, traced."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, width)
+    ).eval()
+    # traced: one forward pass is one call into C++, which runs the whole graph without the
+    # GIL, instead of a GIL hand-off per layer while the event loop is busy
+    with torch.inference_mode():
+        return torch.jit.freeze(torch.jit.trace(net, torch.zeros(1, width)))
+
+
 class TorchMLP(MLModel):
     async def load(self) -> bool:
         extra = self.settings.parameters.extra if self.settings.parameters else {}
@@ -33,14 +45,7 @@ class TorchMLP(MLModel):
         hidden = int(extra["hidden"])
         if "threads" in extra:
             torch.set_num_threads(int(extra["threads"]))
-        torch.manual_seed(int(extra.get("seed", 0)))
-        net = torch.nn.Sequential(
-            torch.nn.Linear(self.width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, self.width)
-        ).eval()
-        # traced: one forward pass is one call into C++, which runs the whole graph without the
-        # GIL, instead of a GIL hand-off per layer while the event loop is busy
-        with torch.inference_mode():
-            self.net = torch.jit.freeze(torch.jit.trace(net, torch.zeros(1, self.width)))
+        self.net = build(self.width, hidden, int(extra.get("seed", 0)))
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-torch")
         if extra.get("gc_freeze"):
             gc.collect()

@@ -42,6 +42,7 @@ from .types import (
     RepositoryIndexResponseItem,
     RequestInput,
     State,
+    set_field,
 )
 
 logger = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
         seen.add(inp.name)
         if declared:
             _check_declared(inp, declared, entry.name)
-        inp.data = input_array(inp)
+        set_field(inp, "data", input_array(inp))
     if declared and entry.settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
@@ -373,7 +374,12 @@ def _check_declared(inp: RequestInput, declared: dict[str, MetadataTensor], mode
 
 
 def _shape_fits(shape: list[int], spec: list[int]) -> bool:
-    return len(shape) == len(spec) and all(s == -1 or s == d for d, s in zip(shape, spec, strict=True))
+    if len(shape) != len(spec):
+        return False
+    for d, s in zip(shape, spec, strict=True):  # a loop, not all() over a generator: runs per input
+        if s != d and s != -1:
+            return False
+    return True
 
 
 def raw_request(body: bytes | memoryview, inputs: list[MetadataTensor]) -> InferenceRequest:
@@ -408,16 +414,16 @@ def finish_response(
         raise ModelFailed(
             f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
         )
-    response.model_name = entry.name
+    set_field(response, "model_name", entry.name)
     if response.model_version is None:
-        response.model_version = entry.version
+        set_field(response, "model_version", entry.version)
     if request is not None:
         if request.id is not None:
-            response.id = request.id
+            set_field(response, "id", request.id)
         elif response.id is None:
-            response.id = assign_id(request)
+            set_field(response, "id", assign_id(request))
     for out in response.outputs:
-        out.data = output_array(out)
+        set_field(out, "data", output_array(out))
     if request is not None and request.outputs:
         by_name = {out.name: out for out in response.outputs}
         wanted = []

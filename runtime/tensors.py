@@ -320,7 +320,9 @@ def to_json_data(array: np.ndarray, datatype: str) -> Any:
     flat = array.reshape(-1)
     if not flat.flags.c_contiguous or not flat.dtype.isnative:
         flat = np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
-    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+    # a sum is finite only when every value is (one pass, no temporary array); a finite array
+    # whose sum overflows takes the careful path, which writes it unchanged
+    if flat.dtype.kind == "f" and not math.isfinite(np.add.reduce(flat)):
         return _non_finite_json(flat)
     return flat
 

@@ -71,6 +71,34 @@ class Parameters(_Base):
     """Transport headers a model may want to read (filled by the REST transport when asked)."""
 
 
+def set_field(model: BaseModel, name: str, value: Any) -> None:
+    """``setattr(model, name, value)`` for a declared field of a request or response model: what
+    pydantic's own handler does for it (these models neither validate assignments nor freeze),
+    without its dispatch. A subclass made elsewhere goes through pydantic as usual."""
+    if type(model) in _PLAIN:
+        model.__dict__[name] = value
+        model.__pydantic_fields_set__.add(name)
+    else:
+        setattr(model, name, value)
+
+
+def set_extra(parameters: Parameters, name: str, value: Any) -> None:
+    """``setattr(parameters, name, value)`` for a name that is not one of Parameters' fields.
+
+    What pydantic does for such a name (it keeps it as an extra field), without the checks it runs
+    on every such assignment, since it cannot remember its answer for a free-form name.
+    """
+    extra = parameters.__pydantic_extra__
+    if extra is None or name in _NOT_EXTRA or type(parameters) is not Parameters:
+        setattr(parameters, name, value)
+        return
+    extra[name] = value
+    parameters.__pydantic_fields_set__.add(name)
+
+
+_NOT_EXTRA = frozenset(Parameters.model_fields) | frozenset(dir(Parameters))
+
+
 class TensorData(RootModel[Any]):
     """A tensor's data as MLServer models it; kept for code that imports the name."""
 
@@ -176,6 +204,8 @@ class RepositoryIndexResponse(RootModel[list[RepositoryIndexResponseItem]]):
     pass
 
 
+_PLAIN = frozenset({InferenceRequest, InferenceResponse, RequestInput, ResponseOutput})
+
 __all__ = [
     "Datatype",
     "InferenceErrorResponse",
@@ -196,4 +226,6 @@ __all__ = [
     "State",
     "TensorData",
     "UInt64",
+    "set_extra",
+    "set_field",
 ]

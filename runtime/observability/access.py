@@ -178,6 +178,11 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         self.recorder = recorder
         self.access_log = access_log
         self.tracing = tracing
+        # Only the log and the trace read a call's metadata: without them, a method's observed
+        # handler is the same for every call, made once (by method name and the handler it wraps).
+        self._per_method: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] | None = (
+            {} if not access_log and tracing is None else None
+        )
 
     async def intercept_service(
         self,
@@ -187,9 +192,28 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         handler = await continuation(details)
         if handler is None:
             return handler
+        cache = self._per_method
+        if cache is None:
+            return self._observed(handler, details)
+        made = cache.get(details.method)
+        if made is not None and made[0] is handler:
+            return made[1]
+        observed = self._observed(handler, details)
+        if len(cache) < 1024:  # method names come from clients: a bounded set is kept
+            cache[details.method] = (handler, observed)
+        return observed
+
+    def _observed(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        """``handler``, observed: counted, and logged and traced where those are on."""
         full = details.method
         service, _, method = full.lstrip("/").rpartition("/")
-        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        metadata = (
+            {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+            if self._per_method is None
+            else {}
+        )
         if handler.unary_unary is not None:
             kind, behaviour = "unary", handler.unary_unary
         elif handler.stream_stream is not None:

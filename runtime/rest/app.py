@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..dataplane import DataPlane, raw_request
 from ..errors import Cancelled, PayloadTooLarge, ServerError
@@ -109,7 +109,13 @@ class RestApi:
 
         Errors raised before anything is sent reach the app's exception handlers as usual.
         """
-        request = Request(scope, receive, send)
+        start, body = await self.answer(scope, receive)
+        await send(start)
+        await send(body)
+
+    async def answer(self, scope: Scope, receive: Receive) -> tuple[Message, Message]:
+        """The two ASGI messages (start and body) that answer an infer request; nothing is sent."""
+        request = Request(scope, receive)
         name, version = _model(request)
         if self.turns.contended() or self.turns.waiting:
             await self.turns.rest_turn()
@@ -120,10 +126,13 @@ class RestApi:
             (b"content-type", b"application/octet-stream" if headers else b"application/json"),
             (b"content-length", str(len(body)).encode()),
         ]
-        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        if headers:
+            raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         raw += [(k.encode(), v.encode()) for k, v in sequence_headers(response).items()]
-        await send({"type": "http.response.start", "status": 200, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
+        return (
+            {"type": "http.response.start", "status": 200, "headers": raw},
+            {"type": "http.response.body", "body": body},
+        )
 
     async def read_inference_request(
         self, request: Request, name: str, version: str | None

@@ -1,10 +1,25 @@
-"""The REST application: every route (unary, streams, repository) and the error handlers, on Starlette."""
+"""The REST application: every route (unary, streams, repository) and the error handlers, on Starlette.
+
+``POST /v2/models/{model_name}[/versions/{model_version}]/infer``, the hot path, goes from the
+app straight to its handler: the path is split, not matched against every route's regex, and the
+two middlewares Starlette puts before the router (one per error handler) are replaced by one
+``try``. What the request sees is the same: the scope gets the ``app``, ``router``, ``endpoint``
+and ``path_params`` the router would have set (the access log and metrics label requests by
+them), and a failure is answered by the same handler Starlette would have picked (an unexpected
+one is also re-raised, as Starlette's ServerErrorMiddleware does, so that uvicorn logs it and
+closes the connection). Every other request, and an infer request under a ``root_path``, goes
+through Starlette as usual.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.routing import BaseRoute
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
@@ -14,25 +29,77 @@ from .app import RestApi, _http_error, _server_error, _unexpected
 from .repository_routes import repository_routes
 from .sse_routes import StreamingApi
 
+_PREFIX = "/v2/models/"
+_SUFFIX = "/infer"
+
+
+class RestApp(Starlette):
+    """Starlette, with infer requests dispatched straight to their handler (see the module docstring)."""
+
+    def __init__(self, api: RestApi, routes: list[BaseRoute], handlers: dict[Any, Any]) -> None:
+        super().__init__(routes=routes, exception_handlers=handlers)
+        self._api = api
+        infer = [r for r in routes if isinstance(r, Route) and r.path.endswith(_SUFFIX)]
+        self._endpoint, self._versioned_endpoint = infer[0].endpoint, infer[1].endpoint
+        self._handled = {k: v for k, v in handlers.items() if k is not Exception}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path: str = scope["path"]
+            if path.startswith(_PREFIX) and path.endswith(_SUFFIX):
+                parts = path[len(_PREFIX) : -len(_SUFFIX)].split("/")
+                if len(parts) == 1 and parts[0]:
+                    params, endpoint = {"model_name": parts[0]}, self._endpoint
+                elif len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+                    params = {"model_name": parts[0], "model_version": parts[2]}
+                    endpoint = self._versioned_endpoint
+                else:
+                    params = None
+                if params is not None:
+                    scope["app"] = self
+                    scope.setdefault("router", self.router)
+                    scope["endpoint"] = endpoint
+                    scope["path_params"] = params
+                    await self._infer(scope, receive, send)
+                    return
+        await super().__call__(scope, receive, send)
+
+    async def _infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            start, body = await self._api.answer(scope, receive)
+        except Exception as exc:
+            await self._failed(scope, receive, send, exc)
+            return
+        await send(start)
+        await send(body)
+
+    async def _failed(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+        """Answer ``exc`` as Starlette's two error middlewares would (nothing was sent yet)."""
+        request = Request(scope, receive, send)
+        for cls in type(exc).__mro__:
+            handler = self._handled.get(cls)
+            if handler is not None:
+                await (await handler(request, exc))(scope, receive, send)
+                return
+        await (await _unexpected(request, exc))(scope, receive, send)
+        raise exc
+
 
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
     api = RestApi(dataplane)
     oip = api.routes()
-    # Starlette tries routes in order: the hot paths first, OIP's two infer routes (RestApi.routes
-    # puts them first) then TorchServe's and KServe's inference routes, then everything else
+    # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
+    # straight), then TorchServe's and KServe's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
-    return Starlette(
-        routes=hot
+    return RestApp(
+        api,
+        hot
         + TorchServeRest(dataplane).routes()
         + KServeV1(dataplane).routes()
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
         + (extra_routes or []),
-        exception_handlers={
-            ServerError: _server_error,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
+        {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )

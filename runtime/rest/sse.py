@@ -24,7 +24,6 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final, Literal, TypedDict, TypeVar
 
 import orjson
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
@@ -175,6 +174,8 @@ async def sse_response(
     if first is None:
         return Response(status_code=499)  # the client is gone: nothing will read this
     events = _events(first, items, encode, streams)
+    from sse_starlette import EventSourceResponse  # imported by the first stream: a server may never stream
+
     return EventSourceResponse(events, ping=PING_SECONDS, sep=SEP.decode())
 
 

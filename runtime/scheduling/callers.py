@@ -20,7 +20,7 @@ from ..errors import ServerError
 from ..sequences.identity import mark_response
 from ..sequences.lifecycle import Pending
 from ..streams.pipeline import Outbox, stop_tasks
-from ..types import InferenceRequest, InferenceResponse, Parameters
+from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
 from .queueing import Waiter
 from .scheduler import RequestFailed
 
@@ -109,8 +109,8 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
         extra: dict[str, Any] = {"batch_size": size, "step_id": step_id}
         response.parameters = Parameters(**extra)
     else:
-        params.batch_size = size  # type: ignore[attr-defined]  # extra fields are allowed
-        params.step_id = step_id  # type: ignore[attr-defined]
+        set_extra(params, "batch_size", size)
+        set_extra(params, "step_id", step_id)
     sequence = entry.stream.sequence
     if entry.pending is not None and sequence is not None:
         mark_response(response, entry.pending.control, last and sequence.ends)

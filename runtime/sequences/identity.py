@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import SequenceError
 from ..ids import new_secret_id
-from ..types import InferenceRequest, InferenceResponse, Parameters
+from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
 
 ID = "sequence_id"
 START = "sequence_start"
@@ -165,7 +165,7 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         elif name != ID:
             value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
-            setattr(request.parameters, name, value)
+            set_extra(request.parameters, name, value)
             continue
         if name == ID:
             same = str(_id(extra[name])) == str(_id(value))
@@ -217,10 +217,10 @@ def mark_response(
     with replicas sharing the states, name the ``replica`` that served the step (``sequence_replica``)."""
     if response.parameters is None:
         response.parameters = Parameters()
-    response.parameters.sequence_id = control.echo  # type: ignore[attr-defined]
+    set_extra(response.parameters, "sequence_id", control.echo)
     if replica is not None:
-        response.parameters.sequence_replica = replica  # type: ignore[attr-defined]
+        set_extra(response.parameters, "sequence_replica", replica)
     if ended:
-        response.parameters.sequence_end = True  # type: ignore[attr-defined]
+        set_extra(response.parameters, "sequence_end", True)
     elif "sequence_end" in (response.parameters.model_extra or {}):
         del response.parameters.model_extra["sequence_end"]  # type: ignore[union-attr]
