@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -218,8 +219,9 @@ class Server:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
         grace = self.settings.shutdown_grace_period
-        self.dataplane.streams.cut_after(grace)  # streams end in band
-        cut = asyncio.get_running_loop().call_later(grace, self._cut, grace)
+        # one end of the grace period: streams end in band, unary requests still running get 503
+        self.dataplane.streams.cut_after(grace)
+        forget_unary = self.dataplane.streams.on_cut(functools.partial(self._cut, grace))
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
             draining.append(self._grpc.stop(grace + CUT_MARGIN))
@@ -234,7 +236,7 @@ class Server:
             await self.management.close()
         if self._management_key is not None:
             self._management_key.remove()
-        cut.cancel()
+        forget_unary()
         await self._wait_streams()
         await self.registry.unload_all()
         if self._watchdog is not None:

@@ -207,9 +207,10 @@ def sort_error(model: str, exc: Exception) -> ServerError:
 class StreamCounter:
     """How many streams are running now; ``wait_idle`` returns once none is (tests, draining, gauges).
 
-    It also carries the end of the server's grace period: ``cut_after`` arms it when the server
-    starts draining, and when it ends every ``on_cut`` callback runs, so that a transport ends its
-    streams still running with an in-band "shutting down" error before the server cuts them.
+    It also carries the end of the server's grace period, the one timer for it: ``cut_after`` arms it
+    when the server starts draining, and when it ends every ``on_cut`` callback runs, so that a
+    transport ends its streams still running with an in-band "shutting down" error before the server
+    cuts them, and the server cancels the unary requests still running (their callers get 503).
     """
 
     def __init__(self) -> None:
