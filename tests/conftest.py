@@ -19,9 +19,21 @@ STREAMING_EXAMPLES = ROOT / "examples" / "streaming"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def one_event_loop(anyio_backend: str) -> AsyncIterator[None]:
+    """Hold anyio's test runner for the whole session, so every async test runs on one event loop.
+
+    grpc.aio binds its completion queue to each loop it meets and delivers a late event of an
+    earlier loop's call through whichever loop is alive: with a fresh loop per test, such an event
+    lands on a closed loop and fails an unrelated later test ("Event loop is closed"). A server
+    process has one loop; so do the tests.
+    """
+    yield
 
 
 class InProcess:
