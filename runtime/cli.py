@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--settings", metavar="FILE", help="a settings.json to read instead of FOLDER/settings.json"
     )
     add_settings_flags(start)
+    start.add_argument(
+        "--disable-token-auth",
+        dest="management_token_auth",
+        action="store_const",
+        const=False,
+        help="TorchServe's spelling of --no-management-token-auth",
+    )
     return parser
 
 

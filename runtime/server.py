@@ -117,7 +117,7 @@ class Server:
             self.dataplane,
             self.settings,
             self.observability.grpc_interceptors(),
-            services=torchserve_services(self.dataplane),
+            services=torchserve_services(self.dataplane, self._new_management_key()),
         )
         self.grpc_port = await self._grpc.start()
         if self.settings.management_enabled:
@@ -164,13 +164,22 @@ class Server:
         await server.main_loop()
         await server.shutdown(sockets=[sock])
 
+    def _new_management_key(self) -> ManagementKey | None:
+        """The management key (written to its file), which both the management REST API and
+        TorchServe's gRPC management service require; None when token authorization is off."""
+        if self.settings.management_token_auth:
+            self._management_key = ManagementKey(self.settings.management_key_file)
+            self._management_key.write()
+        return self._management_key
+
     async def _start_management(self) -> None:
         """The management API on its own port, guarded by a key unless token auth is off."""
         settings = self.settings
-        if settings.management_token_auth:
-            self._management_key = ManagementKey(settings.management_key_file)
-            self._management_key.write()
-        elif settings.management_host not in ("127.0.0.1", "localhost", "::1"):
+        if not settings.management_token_auth and settings.management_host not in (
+            "127.0.0.1",
+            "localhost",
+            "::1",
+        ):
             logger.warning(
                 "The management API listens on %s without token authorization: anyone who reaches "
                 "it can register and run code",

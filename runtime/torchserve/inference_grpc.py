@@ -30,6 +30,7 @@ from google.rpc import error_details_pb2, status_pb2
 from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
+from ..management import ManagementKey
 from ..types import InferenceRequest
 from .error_body import describe
 from .frontend import FrontEnd
@@ -192,9 +193,15 @@ def inference_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]
     }
 
 
-def torchserve_services(dataplane: DataPlane) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
-    """TorchServe's gRPC services, by full service name, for the server's one gRPC server."""
+def torchserve_services(
+    dataplane: DataPlane, management_key: ManagementKey | None = None
+) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
+    """TorchServe's gRPC services, by full service name, for the server's one gRPC server; the
+    management service needs ``management_key`` (unless None), as the management REST API does."""
     from .management_grpc import SERVICE as MANAGEMENT
     from .management_grpc import management_handlers
 
-    return {SERVICE: inference_handlers(dataplane), MANAGEMENT: management_handlers(dataplane)}
+    return {
+        SERVICE: inference_handlers(dataplane),
+        MANAGEMENT: management_handlers(dataplane, management_key),
+    }

@@ -13,6 +13,11 @@ answers (a JSON document, or a status sentence).
 - ``ScaleWorker`` and ``SetDefault``: the management core operations (``runtime.management``), as
   the management REST API calls them: worker processes for the model (zero fields are TorchServe's
   defaults: ``min_worker`` 1, ``max_worker`` = ``min_worker``), and its default version.
+
+Token authorization (TorchServe 0.11.1+): with the management key on (``management_token_auth``,
+the default), every call must carry the metadata ``authorization: Bearer <key>``, the key the
+management REST API takes (the same key file); without it the call is refused with
+PERMISSION_DENIED and TorchServe's sentence, before the method runs.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +35,8 @@ import grpc
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelNotFound
 from ..grpc.generated import ts_management_pb2 as pb
-from ..management import Management
+from ..management import Management, ManagementKey
+from ..management.api import AUTH_FAILED
 from ..registry import ModelEntry
 from ..types import State
 from .archive import ArchiveError, archive_settings
@@ -208,8 +215,27 @@ class ManagementApi:
         )
 
 
-def management_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
-    """The ManagementAPIsService method handlers, by method name."""
+Method = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def _authorized(method: Method, key: ManagementKey) -> Method:
+    """``method``, refused with PERMISSION_DENIED (as TorchServe's gRPC interceptor) unless the
+    call's metadata ``authorization`` carries the key."""
+
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        metadata = context.invocation_metadata() or ()
+        sent = next((v for k, v in metadata if k == "authorization"), None)
+        if not key.allows(sent.decode("latin-1") if isinstance(sent, bytes) else sent):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, AUTH_FAILED)
+        return await method(request, context)
+
+    return guarded
+
+
+def management_handlers(
+    dataplane: DataPlane, key: ManagementKey | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
+    """The ManagementAPIsService method handlers, by method name; each needs ``key`` unless it is None."""
     api = ManagementApi(dataplane)
     requests: dict[str, Any] = {
         "ListModels": pb.ListModelsRequest,
@@ -221,7 +247,7 @@ def management_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler
     }
     return {
         name: grpc.unary_unary_rpc_method_handler(
-            getattr(api, name),
+            getattr(api, name) if key is None else _authorized(getattr(api, name), key),
             request_deserializer=message.FromString,
             response_serializer=pb.ManagementResponse.SerializeToString,
         )

@@ -42,7 +42,12 @@ def archiver(store: Path, name: str, handler: Path, *extra: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("private") / "key_file.json"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, key_file: Path) -> Iterator[RunningServer]:
     store = tmp_path_factory.mktemp("model_store")
     example = EXAMPLES / "stateful-sequence"
     archiver(
@@ -53,9 +58,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     )  # fmt: skip
     archiver(store, "streamer", HANDLERS / "stream_handler.py")
     archiver(store, "echo", HANDLERS / "echo_handler.py")
-    running = start_server(store, "--grpc-management-port", "0")
+    running = start_server(store, "--grpc-management-port", "0", "--management-key-file", str(key_file))
     yield running
     running.stop()
+
+
+@pytest.fixture
+def management_key(server: RunningServer, key_file: Path) -> str:
+    """The key the server wrote (TorchServe's ``key_file.json`` shape)."""
+    return str(json.loads(key_file.read_text())["management"]["key"])
+
+
+def bearer(key: str) -> list[tuple[str, str]]:
+    """The gRPC metadata TorchServe's clients send the management key in."""
+    return [("authorization", f"Bearer {key}")]
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +92,15 @@ def client_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def run_client(client_dir: Path, server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
+def run_client(
+    client_dir: Path, server: RunningServer, *args: str, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
     host, port = server.grpc_address.rsplit(":", 1)
     management = server.endpoints["grpc_management"].rsplit(":", 1)[1]
+    auth = ["--auth-token", token] if token else []
     return subprocess.run(
         [sys.executable, str(client_dir / "torchserve_grpc_client.py"), "--host", host, "--inference-port", port,
-         "--management-port", management, *args],
+         "--management-port", management, *auth, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -170,46 +189,91 @@ def test_stream_predictions2_answers_errors_in_stream(stub: Any) -> None:
     assert answers[4].status.code == 13 and "ended" in answers[4].status.message
 
 
-def test_management_list_describe_register_unregister(client_dir: Path, server: RunningServer) -> None:
+def test_management_list_describe_register_unregister(
+    client_dir: Path, server: RunningServer, management_key: str
+) -> None:
     with grpc.insecure_channel(server.endpoints["grpc_management"]) as channel:
         stub = mpb_grpc.ManagementAPIsServiceStub(channel)
-        assert json.loads(stub.ListModels(mpb.ListModelsRequest()).msg) == {"models": []}  # limit 0
-        page = json.loads(stub.ListModels(mpb.ListModelsRequest(limit=2)).msg)
+        key = bearer(management_key)
+        assert json.loads(stub.ListModels(mpb.ListModelsRequest(), metadata=key).msg) == {
+            "models": []
+        }  # limit 0
+        page = json.loads(stub.ListModels(mpb.ListModelsRequest(limit=2), metadata=key).msg)
         assert page["nextPageToken"] == "2"
         assert page["models"] == [
             {"modelName": "echo", "modelUrl": "echo.mar"},
             {"modelName": "stateful", "modelUrl": "stateful.mar"},
         ]
-        described = json.loads(stub.DescribeModel(mpb.DescribeModelRequest(model_name="stateful")).msg)
+        described = json.loads(
+            stub.DescribeModel(mpb.DescribeModelRequest(model_name="stateful"), metadata=key).msg
+        )
         assert described[0]["modelVersion"] == "1.0" and described[0]["batchSize"] == 4
         assert described[0]["stateful"] is True and described[0]["maxNumSequence"] == 4
         assert described[0]["workers"][0]["status"] == "READY"
         with pytest.raises(grpc.RpcError) as missing:
-            stub.DescribeModel(mpb.DescribeModelRequest(model_name="nope"))
+            stub.DescribeModel(mpb.DescribeModelRequest(model_name="nope"), metadata=key)
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
         # ScaleWorker and SetDefault are the management core operations; their refusals:
         with pytest.raises(grpc.RpcError) as scale:
-            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="echo", min_worker=3, max_worker=2))
+            stub.ScaleWorker(
+                mpb.ScaleWorkerRequest(model_name="echo", min_worker=3, max_worker=2), metadata=key
+            )
         assert scale.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as unknown:
-            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="nope", min_worker=1))
+            stub.ScaleWorker(mpb.ScaleWorkerRequest(model_name="nope", min_worker=1), metadata=key)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         with pytest.raises(grpc.RpcError) as no_version:
-            stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="9.9"))
+            stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="9.9"), metadata=key)
         assert no_version.value.code() == grpc.StatusCode.NOT_FOUND
-        done = stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="1.0"))
+        done = stub.SetDefault(mpb.SetDefaultRequest(model_name="echo", model_version="1.0"), metadata=key)
         assert done.msg == 'Default version successfully updated for model "echo" to "1.0"'
     # the client's register/unregister: a model store entry by name, then unregistered
-    unregistered = run_client(client_dir, server, "unregister", "echo")
+    unregistered = run_client(client_dir, server, "unregister", "echo", token=management_key)
     assert unregistered.returncode == 0, unregistered.stderr
     assert 'Model "echo" unregistered' in unregistered.stdout
-    registered = run_client(client_dir, server, "register", "echo", "echo,other")
+    registered = run_client(client_dir, server, "register", "echo", "echo,other", token=management_key)
     assert registered.returncode == 0, registered.stderr
     assert 'Model "echo" Version: 1.0 registered with 1 initial workers' in registered.stdout
-    again = run_client(client_dir, server, "register", "echo", "echo")
+    again = run_client(client_dir, server, "register", "echo", "echo", token=management_key)
     assert again.returncode == 1  # already registered
-    remote = run_client(client_dir, server, "register", "densenet161")
+    remote = run_client(client_dir, server, "register", "densenet161", token=management_key)
     assert remote.returncode == 1  # nothing is downloaded
+
+
+def test_management_calls_need_the_management_key(
+    client_dir: Path, server: RunningServer, management_key: str
+) -> None:
+    """As TorchServe 0.11.1+: metadata ``authorization: Bearer <key>`` with the management key
+    (the key file's, the one the management REST API takes), else PERMISSION_DENIED."""
+    with grpc.insecure_channel(server.endpoints["grpc_management"]) as channel:
+        stub = mpb_grpc.ManagementAPIsServiceStub(channel)
+        for metadata in ([], [("authorization", "Bearer wrong")], [("authorization", "wrong")]):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.RegisterModel(
+                    mpb.RegisterModelRequest(url="echo.mar", model_name="intruder"), metadata=metadata
+                )
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "Token Authorization failed" in (refused.value.details() or "")
+        with pytest.raises(grpc.RpcError) as listed:
+            stub.ListModels(mpb.ListModelsRequest(limit=10))
+        assert listed.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert json.loads(
+            stub.ListModels(mpb.ListModelsRequest(limit=10), metadata=bearer(management_key)).msg
+        )["models"]
+    # the service is on the main gRPC port too, guarded the same
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = mpb_grpc.ManagementAPIsServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.UnregisterModel(mpb.UnregisterModelRequest(model_name="echo"))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # TorchServe's client without --auth-token fails; nothing was registered or removed meanwhile
+    assert run_client(client_dir, server, "unregister", "echo").returncode == 1
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        assert (
+            pb_grpc.InferenceAPIsServiceStub(channel)
+            .Predictions(pb.PredictionsRequest(model_name="echo", input={"data": b"still here"}))
+            .prediction
+        )
 
 
 def test_sequence_batching_over_rest_headers(server: RunningServer) -> None:
