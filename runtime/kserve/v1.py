@@ -8,6 +8,13 @@
   ``inputs`` is a list (the single input) or an object keyed by input name. The datatype is the
   declared one (else inferred from the JSON). One output answers its rows; several answer one
   object per row keyed by output name.
+- A TorchServe handler model (a ``.mar`` or an archive folder) is served as TorchServe's KServe
+  envelope serves it: each instance is one row of the handler's batch, given to the handler as
+  ``data[i]`` itself, and ``predictions`` are the handler's answers, one per instance, as it
+  returned them. Request headers reach the handler.
+- ``POST /v1/models/{m}:explain``: a handler model's explanations (the handler's
+  ``explain_handle``, as TorchServe's ``:explain``), answered ``{"explanations": [...]}``. Other
+  models have no explainer: 501 ``{"error": ...}``, as KServe answers a model without one.
 - A model served with adaptive batching merges concurrent V1 calls (KServe's batcher does this in a
   sidecar); each answer then carries ``batchId``, the same for every call of one batch, and
   ``message: ""``, as the sidecar answers.
@@ -19,6 +26,7 @@ The body is parsed as JSON whatever its Content-Type (KServe needs ``application
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -34,6 +42,8 @@ from ..rest.app import read_body
 from ..rest.disconnect import cancel_on_disconnect
 from ..rest.status import status_of
 from ..tensors import output_array
+from ..torchserve.frontend import FrontEnd
+from ..torchserve.payload import read_answers
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
 _BATCHES = uuid.uuid4()
@@ -110,6 +120,29 @@ def to_inference_request(body: Any, declared: list[MetadataTensor]) -> Inference
     return InferenceRequest(inputs=inputs)
 
 
+def handler_instances(body: Any) -> list[Any]:
+    """The instances of a V1 body for a TorchServe handler (``instances``, or ``inputs`` as a list)."""
+    if not isinstance(body, dict):
+        raise InvalidInput("Unrecognized request format: the body must be a JSON object")
+    key = "instances" if "instances" in body else "inputs"
+    if key not in body:
+        raise InvalidInput('Unrecognized request format: expected "instances" or "inputs"')
+    instances = body[key]
+    if not isinstance(instances, list):
+        raise InvalidInput(f'Expected "{key}" to be a list')
+    if not instances:
+        raise InvalidInput(f'No instances in the request: "{key}" is empty')
+    return instances
+
+
+class HandlerAnswered(ServerError):
+    """A handler answered an instance with an error status of its own (``set_response_status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _plain(value: Any) -> Any:
     """JSON-ready: numpy arrays and scalars as lists and numbers, bytes as text."""
     if isinstance(value, np.ndarray):
@@ -140,10 +173,13 @@ class KServeV1:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
+        self.front = FrontEnd(dataplane)
+        """TorchServe's request rules, for handler models."""
 
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/v1/models/{model_name}:predict", self.predict, methods=["POST"]),
+            Route("/v1/models/{model_name}:explain", self.explain, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_name}", self.model, methods=["GET"]),
         ]
@@ -163,23 +199,59 @@ class KServeV1:
         return _json({"name": name, "ready": True})
 
     async def predict(self, request: Request) -> Response:
+        return await self._serve(request, explain=False)
+
+    async def explain(self, request: Request) -> Response:
+        return await self._serve(request, explain=True)
+
+    async def _serve(self, request: Request, explain: bool) -> Response:
         name = request.path_params["model_name"]
         try:
             self.dataplane.check_model(name)
+            handler = self.front.is_handler(name)
+            if explain and not handler:
+                return _error(
+                    f"Model {name} has no explainer: explanations need a TorchServe handler model", 501
+                )
             raw = await read_body(request, self.dataplane.settings.max_request_size)
             try:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise InvalidInput(f"Unrecognized request format: {exc}") from None
-            inference_request = to_inference_request(body, self.dataplane.model_inputs(name))
-            response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name))
-            document: dict[str, Any] = {"predictions": predictions(response)}
+            if handler:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+                work = self._handler_answers(name, body, headers, explain)
+                answers, response = await cancel_on_disconnect(request, work)
+            else:
+                inference_request = to_inference_request(body, self.dataplane.model_inputs(name))
+                response = await cancel_on_disconnect(request, self.dataplane.infer(inference_request, name))
+                answers = predictions(response)
+            document: dict[str, Any] = {"explanations" if explain else "predictions": answers}
         except ModelNotFound:
             return _error(f"Model with name {name} does not exist.", 404)
         except ServerError as exc:
-            return _error(exc.message, status_of(exc))
+            status = getattr(exc, "status", None)  # a handler's own code (runtime.torchserve.handler)
+            return _error(exc.message, status if isinstance(status, int) else status_of(exc))
         extra = response.parameters.model_extra if response.parameters is not None else None
         if extra and "batch_id" in extra:
             batch = uuid.uuid5(_BATCHES, f"{name}:{response.model_version}:{extra['batch_id']}")
             document = {"message": "", "batchId": str(batch), **document}
         return _json(document)
+
+    async def _handler_answers(
+        self, name: str, body: Any, headers: dict[str, str], explain: bool
+    ) -> tuple[list[Any], InferenceResponse]:
+        """A TorchServe handler's answers to the instances, one each, and the (last) response."""
+        instances = handler_instances(body)
+        requests = self.front.instances_request(name, None, instances, headers, explain)
+        responses = await asyncio.gather(*(self.dataplane.infer(r, name) for r in requests))
+        answers: list[Any] = []
+        for response in responses:
+            for answer in read_answers(response):
+                if answer.status >= 400:
+                    raise HandlerAnswered(answer.body.decode("utf-8", "replace"), answer.status)
+                try:
+                    answers.append(orjson.loads(answer.body))
+                except orjson.JSONDecodeError:
+                    answers.append(answer.body.decode("utf-8", "replace"))
+        return answers, responses[-1]

@@ -7,6 +7,13 @@ id, and its answers from the DataPlane (translation only; the core decides).
   opens one (TorchServe does): a request the core refuses as not open (``SequenceNotOpen``, before
   anything ran) is sent again with START. A sequence that ended is still refused. For any other
   model the headers only reach the handler.
+- Explanations (``/explanations``, KServe's ``:explain``): the request carries the header
+  ``explain: True``, which TorchServe's ``BaseHandler`` reads to call ``explain_handle``, and the
+  request parameter ``explain``, so that explanations and predictions never share a batch (the
+  handler reads the header of a batch's first request only).
+- KServe V1 instances (:func:`instances_request`): one row per instance; a model served by the
+  sequence engine or continuous batching takes one row per request, so there each instance is a
+  request of its own (for the sequence engine, a sequence of one step).
 - Answers: a continuous-batching model, or a plain model served without adaptive batching, is
   served as a stream, so that intermediate answers (``ts_stream_next: true``) reach the client as
   they come; a batched or sequence-batched model answers once (intermediate answers need
@@ -17,17 +24,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import SequenceNotOpen
 from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
-from ..types import InferenceRequest, InferenceResponse
-from .payload import Answer, Entry, build_request, read_answers
+from ..types import InferenceRequest, InferenceResponse, Parameters
+from .payload import Answer, Entry, build_instances_request, build_request, read_answers
 
 HEADER_ID = "ts_request_sequence_id"
 HEADER_START = "ts_request_sequence_start"
 HEADER_END = "ts_request_sequence_end"
+EXPLAIN = "explain"
+PLATFORM = "torchserve"
+"""The ``platform`` of the settings an archive is served with (``.archive``)."""
 
 Answers = AsyncGenerator[tuple[Answer, InferenceResponse], None]
 
@@ -45,12 +56,17 @@ class FrontEnd:
         entries: list[Entry],
         headers: dict[str, str],
         sequence_id: str | None,
+        explain: bool = False,
     ) -> InferenceRequest:
         """The InferenceRequest for one TorchServe request to model ``name``."""
         settings = self.dataplane.registry.get(name, version).settings
         if sequence_id:
             headers = {**headers, HEADER_ID: sequence_id}
+        if explain:
+            headers = {**headers, EXPLAIN: "True"}
         request = build_request(entries, headers, new_id())
+        if explain:
+            _mark_explain(request)
         if settings.sequence_batching:
             lowered = {k.lower(): v for k, v in headers.items()}
             fields: dict[str, object] = {}
@@ -63,6 +79,32 @@ class FrontEnd:
                     fields[field] = lowered[header]
             apply_transport_fields(request, fields)
         return request
+
+    def is_handler(self, name: str, version: str | None = None) -> bool:
+        """Whether the model is a TorchServe handler (from an archive or its folder)."""
+        return self.dataplane.registry.get(name, version).settings.platform == PLATFORM
+
+    def instances_request(
+        self, name: str, version: str | None, instances: list[Any], headers: dict[str, str], explain: bool
+    ) -> list[InferenceRequest]:
+        """The InferenceRequests for the instances of one KServe V1 request: one request of one
+        row per instance, or one request for a model that takes one row per request."""
+        settings = self.dataplane.registry.get(name, version).settings
+        if explain:
+            headers = {**headers, EXPLAIN: "True"}
+        if settings.sequence_batching or settings.continuous_batching:
+            groups = [[instance] for instance in instances]
+        else:
+            groups = [instances]
+        requests = []
+        for group in groups:
+            request = build_instances_request(group, headers, new_id())
+            if explain:
+                _mark_explain(request)
+            if settings.sequence_batching:  # V1 has no sequences: each instance is one of its own
+                apply_transport_fields(request, {START: True, END: True})
+            requests.append(request)
+        return requests
 
     def streamed(self, name: str, version: str | None) -> bool:
         """Whether the model's answers are served as a stream (they may come in several parts)."""
@@ -104,6 +146,13 @@ class FrontEnd:
             async for response in responses:
                 for answer in read_answers(response):
                     yield answer, response
+
+
+def _mark_explain(request: InferenceRequest) -> None:
+    if request.parameters is None:
+        request.parameters = Parameters(**{EXPLAIN: True})
+    else:
+        setattr(request.parameters, EXPLAIN, True)
 
 
 async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:

@@ -10,6 +10,10 @@ headers, stopping criteria, str/bytes/tensor/JSON bodies), which this module rea
 ``send_intermediate_predict_response`` writes to ``context.cl_socket``: here an object whose
 ``sendall`` reads the chunk and hands it to the batch's caller.
 
+KServe V1 rows (``Row.instance``) go through TorchServe's KServe envelope, row by row: the handler
+gets the instance itself as ``data[i]`` and the answer for that row is sent back as JSON, so that
+the V1 front end reads back exactly the object the handler returned.
+
 A handler is synchronous: every call runs on the model's own thread, one at a time (a handler
 keeps per-batch state on its context, as in a TorchServe worker).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import struct
 import sys
@@ -28,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ModelFailed
-from .payload import Answer, Row
+from .payload import BODY, Answer, Row
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +133,15 @@ def _load_module(handler: str, model_dir: Path) -> tuple[ModuleType, str | None]
         return importlib.import_module(stem), function or None
 
 
+def _plain(value: Any) -> Any:
+    """JSON for what handlers return beside plain objects: tensors and arrays, bytes."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 class HandlerRunner:
     """One TorchServe handler, its ``ts.service.Service`` and context. Call it from one thread."""
 
@@ -138,6 +152,8 @@ class HandlerRunner:
         self.batch_size = batch_size
         self.service: Any = None
         self._socket = _ChunkSocket()
+        self._instances: frozenset[int] = frozenset()
+        """The rows of the running batch that are KServe V1 instances."""
 
     @property
     def context(self) -> Any:
@@ -160,6 +176,7 @@ class HandlerRunner:
             entry_point, initialize = loader._get_function_entry_point(module, function)
         else:
             entry_point, initialize = loader._get_class_entry_point(module)
+        entry_point = self._enveloped(entry_point)
 
         class Metrics(MetricsCacheYamlImpl):  # type: ignore[misc]
             """TorchServe's metrics cache, reading its yaml without leaving the file open."""
@@ -176,6 +193,25 @@ class HandlerRunner:
         service.set_cl_socket(self._socket)
         initialize(service.context)
         self.service = service
+
+    def _enveloped(self, handle: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """``handle`` behind TorchServe's KServe envelope, for the batch's instance rows only."""
+
+        def enveloped(data: Any, context: Any) -> Any:
+            instances = self._instances
+            if not instances or data is None:
+                return handle(data, context)
+            data = [row.get(BODY) if i in instances else row for i, row in enumerate(data)]
+            results = handle(data, context)
+            if isinstance(results, list):
+                results = list(results)
+                for i in instances:
+                    if i < len(results):
+                        context.set_response_content_type(i, "application/json")
+                        results[i] = json.dumps(results[i], default=_plain)
+            return results
+
+        return enveloped
 
     def run(
         self,
@@ -205,10 +241,12 @@ class HandlerRunner:
                 }
             )
         self._socket.sink = sink
+        self._instances = frozenset(i for i, row in enumerate(rows) if row.instance)
         try:
             message = self.service.predict(batch)
         finally:
             self._socket.sink = None
+            self._instances = frozenset()
         code, text, answers = decode_predict_response(bytes(message))
         if code != 200:
             raise HandlerFailed(text, code)

@@ -7,6 +7,11 @@ one more, ``ts_request``, holding the row's JSON ``{"id", "headers", "content_ty
 of shape ``[1]`` merge along their first dimension, so the adaptive batcher batches TorchServe
 requests like any others: row ``i`` of a merged request is request ``i``.
 
+KServe V1 requests (TorchServe's KServe envelope) travel the same way, one row per instance: the
+entry ``body`` holds the instance as JSON and the row's JSON says ``"kserve": true``, so that the
+handler gets the instance itself as ``data[i]`` (:mod:`.handler`), as TorchServe's envelope gives
+it, and its answer back as JSON.
+
 A handler's answers travel back as two BYTES outputs of one row per request: ``body`` (the bytes
 the client gets) and ``ts_response`` (JSON ``{"status", "phrase", "headers"}``). An OIP client may
 call a TorchServe model directly: a request without ``ts_request`` is a row without headers whose
@@ -51,6 +56,8 @@ class Row:
     """Entry name -> its content type (the handler also sees it as a pseudo-header)."""
     headers: dict[str, str]
     """The request's own headers (names as sent)."""
+    instance: bool = False
+    """A KServe V1 instance: the handler gets ``data["body"]`` itself and answers it as JSON."""
 
 
 @dataclass(slots=True)
@@ -77,10 +84,30 @@ def build_request(entries: list[Entry], headers: dict[str, str], request_id: str
     return InferenceRequest(id=request_id, inputs=inputs)
 
 
-def _bytes_input(name: str, value: bytes) -> RequestInput:
-    data = np.empty(1, dtype=object)
-    data[0] = value
-    return RequestInput(name=name, shape=[1], datatype="BYTES", data=data)
+def build_instances_request(
+    instances: list[Any], headers: dict[str, str], request_id: str
+) -> InferenceRequest:
+    """The InferenceRequest for the instances of one KServe V1 request: one row per instance."""
+    rows = len(instances)
+    metas = [
+        orjson.dumps(
+            {
+                "id": f"{request_id}-{i}" if rows > 1 else request_id,
+                "headers": headers,
+                "content_types": {BODY: "application/json"},
+                "kserve": True,
+            }
+        )
+        for i in range(rows)
+    ]
+    bodies = [orjson.dumps(instance) for instance in instances]
+    return InferenceRequest(id=request_id, inputs=[_bytes_input(BODY, *bodies), _bytes_input(META, *metas)])
+
+
+def _bytes_input(name: str, *values: bytes) -> RequestInput:
+    data = np.empty(len(values), dtype=object)
+    data[:] = values
+    return RequestInput(name=name, shape=[len(values)], datatype="BYTES", data=data)
 
 
 def decode_value(value: bytes, content_type: str | None) -> Any:
@@ -121,7 +148,8 @@ def read_rows(request: InferenceRequest, fallback_id: str) -> list[Row]:
             content_types[name] = given.get(name)
             data[name] = decode_value(_as_bytes(column[i]), content_types[name])
         request_id = meta.get("id") or (f"{fallback_id}-{i}" if count > 1 else fallback_id)
-        rows.append(Row(request_id, data, content_types, dict(meta.get("headers", {}))))
+        headers = dict(meta.get("headers", {}))
+        rows.append(Row(request_id, data, content_types, headers, bool(meta.get("kserve"))))
     return rows
 
 

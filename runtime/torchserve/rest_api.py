@@ -1,6 +1,9 @@
 """TorchServe's inference REST API on the main REST port: a translator onto the DataPlane.
 
-``GET /ping`` and ``/predictions/{model}[/{version}]`` (any method, any body). The body becomes the
+``GET /ping``, ``/predictions/{model}[/{version}]`` (any method, any body) and
+``/explanations/{model}[/{version}]``, the same with the header ``explain: True`` that TorchServe's
+frontend adds and ``BaseHandler.handle`` reads (it calls ``explain_handle``, i.e.
+``get_insights``). A model that is not a TorchServe handler has no explainer: 501. The body becomes the
 handler's entries (:mod:`.payload`): multipart and form-urlencoded bodies one entry per field,
 anything else the entry ``body``, query pairs one entry each. Every request header reaches the
 handler. For a sequence model (``sequenceBatching``) the ``ts_request_sequence_*`` headers become
@@ -105,6 +108,8 @@ class TorchServeRest:
                 _Asgi(self.predictions),
                 methods=methods,
             ),
+            Route("/explanations/{model_name}", _Asgi(self.explanations), methods=methods),
+            Route("/explanations/{model_name}/{model_version}", _Asgi(self.explanations), methods=methods),
             Route("/ping", _Asgi(self.ping), methods=["GET", "POST"]),
         ]
 
@@ -114,7 +119,10 @@ class TorchServeRest:
         else:
             await send_json(send, {"status": "Unhealthy"}, 500)
 
-    async def predictions(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def explanations(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.predictions(scope, receive, send, explain=True)
+
+    async def predictions(self, scope: Scope, receive: Receive, send: Send, explain: bool = False) -> None:
         request = Request(scope, receive, send)
         name = request.path_params["model_name"]
         version = request.path_params.get("model_version") or None
@@ -126,7 +134,13 @@ class TorchServeRest:
             await send(message)
 
         try:
-            inference_request = await self.read_request(request, name, version)
+            if explain and not self.front.is_handler(name, version):
+                message = f"Model {name} is not a TorchServe handler model: it has no explainer"
+                await send_json(
+                    send, {"code": 501, "type": "NotImplementedException", "message": message}, 501
+                )
+                return
+            inference_request = await self.read_request(request, name, version, explain)
             request_id = inference_request.id or ""
             # a client that goes away cancels the work, streamed or not (the sequence engine
             # cancels its sequence, the continuous batcher drops its stream)
@@ -141,7 +155,9 @@ class TorchServeRest:
             if not started:
                 await send_error(send, exc, name)
 
-    async def read_request(self, request: Request, name: str, version: str | None) -> InferenceRequest:
+    async def read_request(
+        self, request: Request, name: str, version: str | None, explain: bool = False
+    ) -> InferenceRequest:
         self.dataplane.check_model(name, version)
         body = await read_body(request, self.dataplane.settings.max_request_size)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
@@ -149,7 +165,7 @@ class TorchServeRest:
             headers["url_path"] = request.path_params["url_path"]
         query = request.scope.get("query_string", b"").decode()
         entries = read_entries(body, headers.get("content-type"), query)
-        return self.front.request(name, version, entries, headers, headers.get(HEADER_ID))
+        return self.front.request(name, version, entries, headers, headers.get(HEADER_ID), explain)
 
     async def respond(
         self, send: Send, answers: AsyncIterator[tuple[Answer, InferenceResponse]], request_id: str
