@@ -25,6 +25,7 @@ from .test_rest_api import archive
 
 pytestmark = pytest.mark.anyio
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "torchserve"
 ROW = {"name": "x", "datatype": "FP32", "shape": [-1, 3]}
 
 
@@ -36,6 +37,9 @@ async def client(tmp_path: Path, inprocess: InProcess) -> AsyncIterator[httpx.As
     archive(store, "batched", "explain_handler.py", "batchSize: 8\nmaxBatchDelay: 500\n")
     archive(store, "echo", "echo_handler.py")
     archive(store, "streamer", "stream_handler.py", fmt="no-archive")
+    example = EXAMPLES / "stateful-sequence"
+    config = (example / "model-config.yaml").read_text()
+    archive(store, "stateful", str(example / "stateful_handler.py"), config)
     found, broken = read_repository(store)
     assert not broken
     await inprocess.load(
@@ -67,6 +71,19 @@ async def test_v1_predict_gives_the_handler_each_instance(client: httpx.AsyncCli
     assert streamed.json() == {"predictions": ["go-done"]}
     teapot = await client.post("/v1/models/streamer:predict", json={"instances": [{"data": "teapot"}]})
     assert teapot.status_code == 418 and teapot.json() == {"error": "I am a teapot"}
+
+
+async def test_v1_on_a_sequence_model_makes_each_instance_a_sequence_of_one_step(
+    client: httpx.AsyncClient,
+) -> None:
+    """V1 has no sequence ids: each instance starts and ends a sequence of its own, so none
+    lingers (the model takes 4 open sequences at most)."""
+    for _ in range(3):
+        answer = await client.post(
+            "/v1/models/stateful:predict", json={"instances": [{"data": 2}, {"data": 5}]}
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"predictions": [2, 5]}
 
 
 async def test_v1_errors_on_handler_models(client: httpx.AsyncClient) -> None:
