@@ -243,15 +243,17 @@ class KServeV1:
     ) -> tuple[list[Any], InferenceResponse]:
         """A TorchServe handler's answers to the instances, one each, and the (last) response."""
         instances = handler_instances(body)
-        requests = self.front.instances_request(name, None, instances, headers, explain)
+        requests = self.front.instances_requests(name, None, instances, headers, explain)
         responses = await asyncio.gather(*(self.dataplane.infer(r, name) for r in requests))
         answers: list[Any] = []
         for response in responses:
             for answer in read_answers(response):
-                if answer.status >= 400:
-                    raise HandlerAnswered(answer.body.decode("utf-8", "replace"), answer.status)
                 try:
-                    answers.append(orjson.loads(answer.body))
+                    value = orjson.loads(answer.body)
                 except orjson.JSONDecodeError:
-                    answers.append(answer.body.decode("utf-8", "replace"))
+                    value = answer.body.decode("utf-8", "replace")
+                if answer.status >= 400:
+                    message = value if isinstance(value, str) else orjson.dumps(value).decode()
+                    raise HandlerAnswered(message, answer.status)
+                answers.append(value)
         return answers, responses[-1]

@@ -11,7 +11,7 @@ id, and its answers from the DataPlane (translation only; the core decides).
   ``explain: True``, which TorchServe's ``BaseHandler`` reads to call ``explain_handle``, and the
   request parameter ``explain``, so that explanations and predictions never share a batch (the
   handler reads the header of a batch's first request only).
-- KServe V1 instances (:func:`instances_request`): one row per instance; a model served by the
+- KServe V1 instances (:meth:`FrontEnd.instances_requests`): one row per instance; a model served by the
   sequence engine or continuous batching takes one row per request, so there each instance is a
   request of its own (for the sequence engine, a sequence of one step).
 - Answers: a continuous-batching model, or a plain model served without adaptive batching, is
@@ -84,7 +84,7 @@ class FrontEnd:
         """Whether the model is a TorchServe handler (from an archive or its folder)."""
         return self.dataplane.registry.get(name, version).settings.platform == PLATFORM
 
-    def instances_request(
+    def instances_requests(
         self, name: str, version: str | None, instances: list[Any], headers: dict[str, str], explain: bool
     ) -> list[InferenceRequest]:
         """The InferenceRequests for the instances of one KServe V1 request: one request of one
