@@ -154,9 +154,18 @@ class SequenceEngine:
     # ------------------------------------------------------------------ arrival (never awaits)
 
     def admit(self, request: InferenceRequest, control: SequenceControl) -> Pending:
-        """Queue a request in its sequence (or raise at once: 400 or 503 by the sequence rules)."""
-        seq, replaces = self.table.admit(control)
+        """Queue a request in its sequence (or raise at once: 400 or 503 by the sequence rules).
+
+        A retry of the last numbered step of a sequence that ended here is answered at once, from
+        that step's stored answer (with a shared store the claim finds it in the store)."""
         loop = asyncio.get_running_loop()
+        if self.shared is None and (answer := self.table.replay(control)) is not None:
+            done = Pending(
+                request, control, Sequence(control.key), next(self._arrivals), loop.create_future()
+            )
+            self._replay(done, answer)
+            return done
+        seq, replaces = self.table.admit(control)
         pending = Pending(request, control, seq, next(self._arrivals), loop.create_future(), replaces)
         seq.queue.append(pending)
         self.table.queued += 1
@@ -302,6 +311,11 @@ class SequenceEngine:
         else:
             pending.future.set_result(outcome)
 
+    def _replay(self, pending: Pending, answer: InferenceResponse) -> None:
+        """Answer a retried step with the answer it got (a copy) and apply nothing."""
+        self.replayed += 1
+        self._unrun(pending, answer.model_copy())
+
     def _answered_from_steps(self, pending: Pending, done: int, answer: Any) -> bool:
         """Whether ``pending``'s ``sequence_step`` answers it without running (after ``done`` steps
         applied, the last one's ``answer`` kept or None): a retry of that step, or out of order."""
@@ -310,8 +324,7 @@ class SequenceEngine:
             return False
         seq = pending.sequence
         if step == done and answer is not None and (seq.live or self.shared is not None):
-            self.replayed += 1
-            self._unrun(pending, answer.model_copy())
+            self._replay(pending, answer)
         elif pending.control.start or step == done + 1:
             return False
         else:
@@ -339,7 +352,8 @@ class SequenceEngine:
             pending = batch[i]
             seq = pending.sequence
             seq.step = 1 if pending.control.start else seq.step + 1
-            seq.answer = results[i] if pending.control.step is not None else None
+            # a copy: the caller's is named after its request later (its id), the kept one is not
+            seq.answer = results[i].model_copy() if pending.control.step is not None else None
 
     async def commit(
         self, batch: list[Pending], steps: list[SequenceStep], results: list[Any], ends: list[bool]
