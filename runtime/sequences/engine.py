@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-from ..errors import SequenceElsewhere, SequenceError, SequenceStepConflict
+from ..errors import SequenceElsewhere, SequenceError, SequenceStepConflict, Unavailable
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .identity import STEP, SequenceControl
@@ -388,6 +388,35 @@ class SequenceEngine:
                     "its outcome was not kept: try the step again"
                 )
         return []
+
+    async def checkpoint(self, items: list[tuple[Sequence, Any]]) -> dict[Sequence, Exception]:
+        """With a shared store: write the states of sequences that run on (continuous batching, after
+        each step), leaving their step counts; one fenced write, which renews their leases. Returns
+        the sequences whose state was not written, with the error their requests get: each is no
+        longer held here (its next request claims it again, from the last state written)."""
+        shared = self.shared
+        assert shared is not None
+        try:
+            written = await shared.commit([Commit(seq.key, state, None) for seq, state in items])
+        except Unavailable as exc:
+            for seq, _state in items:
+                await shared.pop(seq.key)
+            return {seq: exc for seq, _state in items}
+        return {
+            seq: SequenceElsewhere(
+                f"Sequence {seq.key!r} was taken over by another replica while this request ran; "
+                "its outcome was not kept: try it again"
+            )
+            for (seq, _state), ok in zip(items, written, strict=True)
+            if not ok
+        }
+
+    def moved(self, seq: Sequence) -> None:
+        """Nothing of ``seq`` runs any more and its state was not kept here (``checkpoint``): forget
+        it, without an ending; its next request claims it again."""
+        seq.live = False
+        seq.stop_idle()
+        self._go_on(seq)
 
     async def finished(self, seq: Sequence, *, ended: bool, state: Any = STORED, keep: bool = False) -> None:
         """Nothing of ``seq`` runs any more: end it (it ``ended``, or an ending waits for this), or keep

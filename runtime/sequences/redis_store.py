@@ -298,7 +298,7 @@ class RedisStateStore(SharedStateStore):
                 continue
             values = [
                 item.ended or "",
-                item.step,
+                "" if item.step is None else item.step,
                 b"" if item.ended else dumps(item.state),
                 int(item.answer is not None),
                 b"" if item.answer is None else dumps(item.answer),

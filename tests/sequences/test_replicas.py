@@ -191,7 +191,8 @@ async def test_a_retried_end_gets_its_answer_with_either_store(inprocess: InProc
             again = await step(client, 3, sequence_id="e", sequence_step=2, sequence_end=True)
             assert again.status_code == 200 and _answer(again) == _answer(end)
         assert len(model.batches) == 2  # the retries ran nothing
-        for params in ({"sequence_step": 3}, {"sequence_step": 1}, {}):  # the future, the past, unnumbered
+        numbered: list[dict[str, Any]] = [{"sequence_step": 3}, {"sequence_step": 1}, {}]
+        for params in numbered:  # the future, the past, unnumbered
             late = await step(client, 1, sequence_id="e", **params)
             assert late.status_code == 400 and "reason: end" in late.json()["error"], (params, late.text)
         # a one-step sequence: its retried START (numbered 1) is a retry, as while it was open
@@ -311,20 +312,28 @@ async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
         await server.registry.unload_all()
 
 
-async def test_continuous_batching_refuses_a_shared_store(inprocess: InProcess) -> None:
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_worker_processes_refuse_a_shared_store(
+    inprocess: InProcess, workers: int, continuous: bool
+) -> None:
     from runtime.settings import ModelSettings
 
     await inprocess.load(
         ModelSettings(
-            name="ticks",
-            implementation="tests.continuous_models.SequenceTicker",
-            continuous_batching=True,
+            name="seq",
+            implementation="tests.continuous_models.SequenceTicker"
+            if continuous
+            else "tests.models.seqzoo.Recorder",
+            continuous_batching=continuous,
             sequence_batching=True,
             sequence_store="redis://127.0.0.1:1/0",
+            workers=workers,
         )
     )
-    entry = inprocess.registry.find("ticks")
-    assert not entry.ready and "shared sequence_store serves sequence batching" in entry.reason
+    entry = inprocess.registry.find("seq")
+    assert not entry.ready and "cannot serve a model in worker processes" in entry.reason
+    assert f"workers: {workers}" in entry.reason and entry.workers is None  # refused before any started
 
 
 async def test_a_step_of_a_sequence_held_here_is_one_round_trip(redis_url: str) -> None:
