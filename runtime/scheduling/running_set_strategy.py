@@ -44,9 +44,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..continuous import ContinuousModel, SequenceState, Stream, StreamSequence
 from ..errors import Cancelled, SequenceError
-from ..sequences.engine import SequenceEngine
 from ..sequences.identity import STEP, SequenceControl
 from ..sequences.lifecycle import Pending, Sequence
+from ..sequences.replicated import make_engine
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest
@@ -92,7 +92,7 @@ class RunningSet(Generic[E]):
     ) -> None:
         self._wake = wake
         self._running: dict[Sequence, _Running] = {}
-        self.engine = SequenceEngine(settings, model.sequence_ended, self, store)
+        self.engine = make_engine(settings, model.sequence_ended, self, store)
 
     # ------------------------------------------------------------------ SequenceStrategy
 
