@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +40,14 @@ from tests.servers import RunningServer, start_server  # noqa: E402
 EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 
 
-def write_models(folder: Path, max_batch_time: float, threads: int) -> None:
+def write_models(folder: Path, variants: dict[str, dict[str, Any]], threads: int) -> None:
+    """One copy of the LSTM example per variant: its name, and the settings it changes."""
     base = json.loads((EXAMPLE / "model-settings.json").read_text())
-    for name, batch in (("lstm", 128), ("lstm-alone", 1)):
+    for name, changes in variants.items():
         target = folder / name
         target.mkdir()
         shutil.copy(EXAMPLE / "model.py", target / "model.py")
-        settings = {
-            **base,
-            "name": name,
-            "max_batch_size": batch,
-            "max_batch_time": max_batch_time if batch > 1 else 0,
-        }
+        settings = {**base, "name": name, **changes}
         settings["parameters"] = {"extra": {**base["parameters"]["extra"], "torch_threads": threads}}
         (target / "model-settings.json").write_text(json.dumps(settings))
 
@@ -166,59 +163,77 @@ async def measure(
     return (done - at_start) / (t1 - t0)
 
 
-async def run(server: RunningServer, args: argparse.Namespace) -> None:
+Line = Callable[[str, int, float, float], str]
+"""The report of one configuration: (transport, sequences, first's steps/s, second's steps/s)."""
+
+
+async def compare(
+    server: RunningServer, args: argparse.Namespace, first: str, second: str, line: Line
+) -> None:
+    """Steps per second of two models, for each transport and number of sequences. The two
+    alternate in ``args.rounds`` short slices, so that a change of load on a shared machine weighs
+    on both alike."""
     async with grpc.aio.insecure_channel(server.grpc_address) as channel:
         targets = {"rest": server.http_address, "grpc": dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)}
         for transport in args.transports:
             for n in args.sequences:
-                # alternate the two models in short slices, so that a change of load on a shared
-                # machine weighs on both alike
                 slices = max(1, args.rounds)
-                batched = alone = 0.0
+                a = b = 0.0
                 for r in range(slices):
                     seconds, tag = args.seconds / slices, f"{transport}{n}-{r}"
                     target = targets[transport]
-                    batched += (
-                        await measure(target, transport, "lstm", n, args.frames, seconds, "b" + tag) / slices
-                    )
-                    alone += (
-                        await measure(target, transport, "lstm-alone", n, args.frames, seconds, "a" + tag)
-                        / slices
-                    )
-                print(
-                    f"{transport:4s} N={n:4d}  batched {batched:8.1f} steps/s   alone {alone:8.1f} steps/s   "
-                    f"ratio {batched / alone:5.2f}x",
-                    flush=True,
-                )
+                    a += await measure(target, transport, first, n, args.frames, seconds, "a" + tag) / slices
+                    b += await measure(target, transport, second, n, args.frames, seconds, "b" + tag) / slices
+                print(line(transport, n, a, b), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per configuration")
+def arguments(
+    doc: str | None, *, seconds: float, sequences: list[int], transports: list[str], rounds: int
+) -> argparse.Namespace:
+    """The command line of a benchmark of two LSTM variants (defaults per benchmark)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=seconds, help="measured seconds per configuration")
     parser.add_argument("--frames", type=int, default=10, help="frames (of 80 features) per request")
-    parser.add_argument("--sequences", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--sequences", type=int, nargs="+", default=sequences)
     parser.add_argument(
-        "--max-batch-time", type=float, default=0.005, help="batch window of the batched model (s)"
+        "--max-batch-time", type=float, default=0.005, help="batch window of the batched models (s)"
     )
-    parser.add_argument("--transports", nargs="+", choices=["rest", "grpc"], default=["rest", "grpc"])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating slices per configuration")
+    parser.add_argument("--transports", nargs="+", choices=["rest", "grpc"], default=transports)
+    parser.add_argument("--rounds", type=int, default=rounds, help="alternating slices per configuration")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of the server")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def bench(args: argparse.Namespace, variants: dict[str, dict[str, Any]], headline: str, line: Line) -> None:
+    """Serve the two variants (the first two of ``variants``) from one server and compare them."""
+    first, second = list(variants)[:2]
     with tempfile.TemporaryDirectory() as folder:
-        write_models(Path(folder), args.max_batch_time, args.torch_threads)
+        write_models(Path(folder), variants, args.torch_threads)
         server = start_server(folder, timeout=120)
         try:
             import uvloop
 
-            print(
-                f"LSTM 80 -> 2 x 512 -> 32, {args.frames} frames per step, {args.seconds:g} s per configuration",
-                flush=True,
-            )
-            uvloop.run(run(server, args))
+            print(headline, flush=True)
+            uvloop.run(compare(server, args, first, second, line))
         finally:
             server.stop()
+
+
+def main() -> None:
+    args = arguments(__doc__, seconds=5.0, sequences=[1, 16, 128], transports=["rest", "grpc"], rounds=2)
+    variants = {
+        "lstm": {"max_batch_size": 128, "max_batch_time": args.max_batch_time},
+        "lstm-alone": {"max_batch_size": 1, "max_batch_time": 0},
+    }
+    bench(
+        args,
+        variants,
+        f"LSTM 80 -> 2 x 512 -> 32, {args.frames} frames per step, {args.seconds:g} s per configuration",
+        lambda transport, n, batched, alone: (
+            f"{transport:4s} N={n:4d}  batched {batched:8.1f} steps/s   alone {alone:8.1f} steps/s   "
+            f"ratio {batched / alone:5.2f}x"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -179,6 +179,13 @@ class Registry:
             raise TypeError(f"{cls.__qualname__} is not a subclass of runtime.MLModel")
         model = cls(entry.settings)
         workers = self.workers_for(entry.settings)
+        if workers and entry.settings.sequence_batching and entry.settings.sequence_store != "memory":
+            raise ValueError(
+                f"sequence_store {entry.settings.sequence_store!r} cannot serve a model in worker "
+                f"processes (workers: {workers}): a sequence's state lives in the worker that runs its "
+                "steps, not in the server process that writes the store; use workers: 0 (one replica "
+                'per process, more replicas behind the proxy) or sequence_store: "memory"'
+            )
         if workers:
             await self._start_in_workers(entry, model, workers)
             return

@@ -398,8 +398,8 @@ class ModelSettings(BaseSettings):
     sequence_store: str = Field(default="memory", pattern=r"^(memory|rediss?://.*)$")
     """Where sequence states live: ``memory`` (this process, an LRU of ``sequence_state_capacity``)
     or ``redis://host:port/db`` (shared by the model's replicas: each step is claimed with a lease
-    and written with a fencing token, the state expires after ``max_sequence_idle_ms``, endings are
-    recorded; see docs/replicas.md). ``MLSERVER_MODEL_SEQUENCE_STORE`` sets it for every model whose
+    and written with a fencing token, a sequence idle for ``max_sequence_idle_ms`` ends there too,
+    endings are recorded; not with worker processes; see docs/replicas.md). ``MLSERVER_MODEL_SEQUENCE_STORE`` sets it for every model whose
     model-settings.json does not."""
 
     sequence_lease_ms: int = Field(default=5000, ge=50)

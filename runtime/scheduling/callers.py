@@ -87,6 +87,8 @@ class Entry(Waiter[None]):
     """Its place among every stream that arrived at the scheduler."""
     pending: Pending | None = field(default=None, repr=False)
     """With sequences: its request's place in its sequence's lifecycle (None outside any sequence)."""
+    replica: str | None = None
+    """With a shared sequence store: this replica's name, told in each chunk (``sequence_replica``)."""
 
 
 class StreamScheduler(Protocol):
@@ -113,7 +115,7 @@ def stamp(response: InferenceResponse, entry: Entry, last: bool = False) -> None
         set_extra(params, "step_id", step_id)
     sequence = entry.stream.sequence
     if entry.pending is not None and sequence is not None:
-        mark_response(response, entry.pending.control, last and sequence.ends)
+        mark_response(response, entry.pending.control, last and sequence.ends, entry.replica)
 
 
 async def serve_stream(

@@ -155,6 +155,10 @@ class ContinuousScheduler(Scheduler):
     def wake(self) -> None:
         self._wakeup.set()
 
+    async def hand_over(self) -> None:
+        if self.sequences is not None:
+            await self.sequences.engine.hand_over()
+
     # ------------------------------------------------------------------ callers
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
@@ -376,6 +380,8 @@ class ContinuousScheduler(Scheduler):
                 return
         self.steps += 1
         self.largest_batch = max(self.largest_batch, size)
+        # with a shared sequence store, the states are written before the chunks go out
+        lost = await self.sequences.stepped(active) if self.sequences is not None else {}
         queued = sum(start - entry.arrival for entry in active if entry.stream.steps == 0)
         self.stats.executed(size, queued, time.monotonic() - start)
         leaving: list[tuple[Entry, StreamEnd]] = []
@@ -390,6 +396,8 @@ class ContinuousScheduler(Scheduler):
                         f"Model {self.name!r} returned a {type(result).__name__} from step, not a StepResult"
                     )
                 )
+            if lost and entry.pending is not None and entry.pending.sequence in lost:
+                result = StepResult(error=lost[entry.pending.sequence])
             if result.error is not None:
                 self._fail(entry, result.error)
                 leaving.append((entry, "failed"))

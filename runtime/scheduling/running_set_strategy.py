@@ -19,6 +19,15 @@ continuous batching). The rules:
   called ``end_sequence()``) has finished and none of the sequence's streams runs; its last chunk
   carries ``sequence_end: true``. Idle and lifetime timeouts apply as with the sequence batcher,
   the idle one counting only while nothing of the sequence runs or waits.
+- **A shared store** (``sequence_store: "redis://..."``): when the first stream of a sequence joins,
+  the sequence is claimed (a lease with a fencing token, as with the sequence batcher: held by
+  another replica, 503; ended, 400) and its state loaded; at the end of each step the states of
+  the sequences that took part are written with one fenced write (one round trip for the whole
+  step), which also renews their leases, before their chunks go out. A sequence whose write is
+  refused (another replica took it over) or fails (Redis out of reach) fails its streams with 503
+  and is forgotten here: its next request claims it again and goes on from the last state written.
+  ``sequence_step`` is refused (400): a sequence's requests overlap and share one state, so no
+  step can be applied exactly once (docs/replicas.md).
 - **Cancellation.** When a caller gives up on a request of a sequence (a client disconnects, a gRPC
   call is cancelled) or a request of it times out in the queue, the sequence is cancelled, as with
   the sequence batcher: its waiting requests fail with ``Cancelled``, so do its other running
@@ -34,11 +43,11 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..continuous import ContinuousModel, SequenceState, Stream, StreamSequence
-from ..errors import Cancelled
-from ..sequences.engine import SequenceEngine
-from ..sequences.identity import SequenceControl
+from ..errors import Cancelled, SequenceError
+from ..sequences.identity import STEP, SequenceControl
 from ..sequences.lifecycle import Pending, Sequence
-from ..sequences.store import SharedStateStore, StateStore
+from ..sequences.replicated import make_engine
+from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest
 
@@ -49,6 +58,7 @@ class StreamEntry(Protocol):
     request: InferenceRequest
     stream: Stream
     pending: Pending | None
+    replica: str | None
 
 
 E = TypeVar("E", bound=StreamEntry)
@@ -57,13 +67,16 @@ E = TypeVar("E", bound=StreamEntry)
 class _Running(SequenceState):
     """A sequence with streams in the running set: its state, in memory while they run."""
 
-    __slots__ = ("ending", "entries")
+    __slots__ = ("ending", "entries", "lost")
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         self.entries: dict[Any, None] = {}
         self.ending = False
         """A stream that ends the sequence has finished: it ends once none of its streams runs."""
+        self.lost = False
+        """With a shared store: its state could not be written (taken over, or the store out of
+        reach); its streams fail and it is forgotten here once they have left."""
 
 
 class RunningSet(Generic[E]):
@@ -79,12 +92,7 @@ class RunningSet(Generic[E]):
     ) -> None:
         self._wake = wake
         self._running: dict[Sequence, _Running] = {}
-        if (store is None and settings.sequence_store != "memory") or isinstance(store, SharedStateStore):
-            raise ValueError(
-                f"Model {settings.name!r}: a shared sequence_store serves sequence batching; with "
-                'continuous_batching the states stay in this process (sequence_store: "memory")'
-            )
-        self.engine = SequenceEngine(settings, model.sequence_ended, self, store)
+        self.engine = make_engine(settings, model.sequence_ended, self, store)
 
     # ------------------------------------------------------------------ SequenceStrategy
 
@@ -105,6 +113,11 @@ class RunningSet(Generic[E]):
 
     def admit(self, entry: E, control: SequenceControl) -> None:
         """Admit a request into its sequence (or raise at once: 400 or 503 by the sequence rules)."""
+        if control.step is not None:
+            raise SequenceError(
+                f"{STEP} is served with sequence batching: under continuous batching the requests of "
+                "a sequence overlap and share one state, so a step cannot be applied exactly once"
+            )
         entry.pending = self.engine.admit(entry.request, control)
 
     def withdraw(self, entry: E) -> None:
@@ -128,7 +141,15 @@ class RunningSet(Generic[E]):
         self.withdraw(entry)
         running = self._running.get(seq)
         if running is None:
-            if control.start:
+            if self.engine.shared is not None:
+                # claimed in the shared store (or answered: held elsewhere, ended, unknown)
+                runs = await self.engine.prepare([pending])
+                if not runs:
+                    error = pending.future.exception()
+                    assert error is not None
+                    raise error
+                state = runs[0][1]
+            elif control.start:
                 await self.engine.opening(pending)  # a START on an open id: the old sequence ends now
                 state = None
             else:
@@ -138,6 +159,7 @@ class RunningSet(Generic[E]):
         running.entries[entry] = None
         seq.running = pending
         pending.running = True
+        entry.replica = self.engine.replica
         entry.stream.sequence = StreamSequence(control.key, control.start, control.end, running)
 
     async def left(self, entry: E, finished: bool) -> None:
@@ -158,7 +180,29 @@ class RunningSet(Generic[E]):
             return
         del self._running[seq]
         seq.running = None
+        if running.lost and not running.ending:
+            self.engine.moved(seq)
+            return
         await self.engine.finished(seq, ended=running.ending, state=running.state, keep=True)
+
+    async def stepped(self, entries: list[E]) -> dict[Sequence, Exception]:
+        """After a step of ``entries``: with a shared store, write the states of their sequences
+        (one round trip). Returns the sequences whose state could not be written, with why: their
+        streams fail (their chunks of this step are not delivered)."""
+        if self.engine.shared is None:
+            return {}
+        stepped: dict[Sequence, _Running] = {}
+        for entry in entries:
+            if entry.pending is not None:
+                running = self._running.get(entry.pending.sequence)
+                if running is not None and not running.lost:
+                    stepped[entry.pending.sequence] = running
+        if not stepped:
+            return {}
+        failed = await self.engine.checkpoint([(seq, running.state) for seq, running in stepped.items()])
+        for seq in failed:
+            stepped[seq].lost = True
+        return failed
 
     async def deliver_notices(self) -> None:
         """Tell the model of the endings decided outside the stepper (timers, cancellations)."""

@@ -11,8 +11,9 @@ one else could join). Within a sequence requests run in arrival order, one at a 
 Endings decided outside the worker (idle and lifetime timers, cancellations) are queued as
 notices that the worker delivers before its next batch, so the model hears of an ending before it
 sees a fresh sequence with the same id. The lifecycle (admission, queues, timers, endings, the
-state store) is ``runtime.sequences.engine.SequenceEngine``; this module adds the batches, with the
-strategy of ``.batch_strategy`` (one request of a sequence in flight).
+state store) is ``runtime.sequences.engine.SequenceEngine`` (with a store that replicas share,
+``runtime.sequences.replicated.ReplicatedEngine``); this module adds the batches, with the strategy
+of ``.batch_strategy`` (one request of a sequence in flight).
 
 Cancellation: when a caller gives up on a request of a sequence (a client disconnects, a gRPC call
 is cancelled), the sequence is cancelled, as Triton does: its other queued requests fail with
@@ -33,9 +34,10 @@ from typing import Any
 from ..errors import InvalidInput, ModelFailed, ShuttingDown
 from ..model import MLModel
 from ..observability.tracing import batch_span
-from ..sequences.engine import STORED, SequenceEngine
+from ..sequences.engine import STORED
 from ..sequences.identity import SequenceControl, mark_response, parse_control
 from ..sequences.lifecycle import Pending, Sequences
+from ..sequences.replicated import make_engine
 from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
@@ -72,7 +74,7 @@ class SequenceScheduler(Scheduler):
         self.strategy = OneInFlight(self._wake)
         # in worker processes, each sequence's steps run in the worker that holds its state
         self._predict_sequences = self.executor.predict_sequences
-        self.engine = SequenceEngine(settings, self.executor.sequence_ended, self.strategy, store)
+        self.engine = make_engine(settings, self.executor.sequence_ended, self.strategy, store)
         self.executor.on_lost(self._lost)
         self.strategy.engine = self.engine
         self.max_batch = max(1, settings.max_batch_size)

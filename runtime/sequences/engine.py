@@ -20,12 +20,14 @@ model hears of an ending before it sees a fresh sequence with the same id. Every
 Exactly-once steps: a client may number a sequence's steps (``sequence_step``: 1, 2, 3, ...). Before
 a step runs (``prepare``), a retry of the last applied step gets that step's stored answer and
 applies nothing, and a step that is not the next one is refused (409, ``SequenceStepConflict``, with
-the expected number). With a shared store (``SharedStateStore``, e.g. Redis), ``prepare`` claims
-each sequence of the batch in the store (one replica at a time holds a sequence: a lease with a
-fencing token; a sequence held by another replica gets 503 and ``Retry-After``) and loads its
-state, step count and last answer from there, unless this replica holds it under a lease that
-cannot have expired yet (then nobody else can have written it); ``commit`` writes them back with one fenced write,
-which fails if another replica took the sequence over meanwhile (the step's answer is then 503).
+the expected number); after it (``commit``) the step count and the numbered step's answer are kept
+with the state. A retry of the last step of a sequence that has since ended (recently enough to be
+remembered) still gets its answer.
+
+This engine keeps the states in this process (``LRUStateStore``). With a store that replicas share
+(Redis), ``runtime.sequences.replicated.ReplicatedEngine`` adds the claims, leases and fenced
+writes around the same hooks (``prepare``, ``commit``, ``checkpoint``, ``_record_end``,
+``hand_over``); ``replicated.make_engine`` picks one from a model's settings.
 
 The engine owns the sequences' counters (``stats``: open, queued, states held, ended by reason,
 refused by reason) and answers which sequences it holds (``get``), which is what a router in
@@ -41,13 +43,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-from ..errors import SequenceElsewhere, SequenceError, SequenceStepConflict
+from ..errors import SequenceStepConflict
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .identity import STEP, SequenceControl
-from .lifecycle import Pending, Sequence, Sequences, ended_message
+from .lifecycle import Pending, Sequence, Sequences
 from .sequence_model import EndReason, SequenceStep
-from .store import Commit, LRUStateStore, SharedStateStore, StateStore
+from .store import LRUStateStore, SharedStateStore, StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -75,24 +77,6 @@ class SequenceStrategy(Protocol):
         """At unload: forget what runs of ``seq``; (True, state) when its state is held outside the store."""
 
 
-def make_store(settings: ModelSettings) -> StateStore:
-    """The state store a model's settings name (``sequence_store``)."""
-    url = settings.sequence_store
-    capacity = settings.sequence_state_capacity or settings.max_sequences
-    if url == "memory":
-        return LRUStateStore(capacity)
-    from .redis_store import RedisStateStore  # imports redis, an optional dependency
-
-    return RedisStateStore(
-        url,
-        settings.name,
-        settings.version,
-        capacity=capacity,
-        ttl_ms=settings.max_sequence_idle_ms,
-        lease_ms=settings.sequence_lease_ms,
-    )
-
-
 class SequenceEngine:
     """The lifecycle of a model's sequences; see the module docstring."""
 
@@ -106,7 +90,9 @@ class SequenceEngine:
         self.name = settings.name
         self.settings = settings
         if store is None:
-            store = make_store(settings)
+            if settings.sequence_store != "memory":
+                raise ValueError("a shared sequence_store needs runtime.sequences.replicated.make_engine")
+            store = LRUStateStore(settings.sequence_state_capacity or settings.max_sequences)
         self.store = store
         self.table = Sequences(
             settings.name,
@@ -127,9 +113,8 @@ class SequenceEngine:
 
     @property
     def shared(self) -> SharedStateStore | None:
-        """The store, when replicas share it."""
-        store = self.store
-        return store if isinstance(store, SharedStateStore) else None
+        """The store, when replicas share it (``replicated.ReplicatedEngine``); None here."""
+        return None
 
     @property
     def replica(self) -> str | None:
@@ -154,9 +139,18 @@ class SequenceEngine:
     # ------------------------------------------------------------------ arrival (never awaits)
 
     def admit(self, request: InferenceRequest, control: SequenceControl) -> Pending:
-        """Queue a request in its sequence (or raise at once: 400 or 503 by the sequence rules)."""
-        seq, replaces = self.table.admit(control)
+        """Queue a request in its sequence (or raise at once: 400 or 503 by the sequence rules).
+
+        A retry of the last numbered step of a sequence that ended here is answered at once, from
+        that step's stored answer (with a shared store the claim finds it in the store)."""
         loop = asyncio.get_running_loop()
+        if self.shared is None and (answer := self.table.replay(control)) is not None:
+            done = Pending(
+                request, control, Sequence(control.key), next(self._arrivals), loop.create_future()
+            )
+            self._replay(done, answer)
+            return done
+        seq, replaces = self.table.admit(control)
         pending = Pending(request, control, seq, next(self._arrivals), loop.create_future(), replaces)
         seq.queue.append(pending)
         self.table.queued += 1
@@ -226,70 +220,15 @@ class SequenceEngine:
     async def prepare(self, batch: list[Pending]) -> list[tuple[Pending, Any]]:
         """The requests of ``batch`` (one per sequence, each running) that run now, with their states;
         the others are answered here and their sequences go on (see the module docstring)."""
-        shared = self.shared
-        if shared is None:
-            runs: list[tuple[Pending, Any]] = []
-            for pending in batch:
-                if self._answered_from_steps(pending, pending.sequence.step, pending.sequence.answer):
-                    continue
-                await self.opening(pending)
-                runs.append((pending, None))
-            keys = [p.control.key for p, _ in runs if not p.control.start]
-            loaded = iter(await self.store.load(keys)) if keys else iter(())
-            return [(p, None if p.control.start else next(loaded)) for p, _ in runs]
-
-        runs = []
-        previous: dict[str, Any] = {}
-        claiming: list[Pending] = []
+        runs: list[tuple[Pending, Any]] = []
         for pending in batch:
-            seq, control = pending.sequence, pending.control
-            if control.start:
-                if seq.live:
-                    previous[control.key] = await self.store.pop(control.key)
-            elif seq.live:
-                fresh, state = shared.holding(control.key)
-                if fresh:  # held here under a live lease: the state here is the stored one
-                    if not self._answered_from_steps(pending, seq.step, seq.answer):
-                        runs.append((pending, state))
-                    continue
-            claiming.append(pending)
-        if not claiming:
-            return runs
-        claims = await shared.claim([(p.control.key, p.control.start, p.control.step) for p in claiming])
-        for pending, claim in zip(claiming, claims, strict=True):
-            seq, control = pending.sequence, pending.control
-            if claim.kind == "ok":
-                seq.step = claim.done
-                await self.opening(pending, previous.get(control.key))
-                runs.append((pending, claim.state))
+            if self._answered_from_steps(pending, pending.sequence.step, pending.sequence.answer):
                 continue
-            if claim.kind == "replay":
-                self._answered_from_steps(pending, control.step or 0, claim.answer)
-                continue
-            if claim.kind == "conflict":
-                self._answered_from_steps(pending, claim.done, None)
-                continue
-            if claim.kind == "busy":
-                error: Exception = SequenceElsewhere(
-                    f"Sequence {control.echo!r} is held by another replica for up to {claim.retry_ms} ms more; "
-                    "try again later"
-                )
-            elif claim.kind == "ended":
-                error = SequenceError(ended_message(control.echo, claim.reason or "end"))  # type: ignore[arg-type]
-            else:
-                error = SequenceError(
-                    f"Sequence {control.echo!r} is not open on model {self.name!r}: "
-                    "its first request must have sequence_start=true (or its state expired)"
-                )
-            self._unrun(pending, error)
-            if claim.kind == "ended":
-                seq.live = False
-                seq.stop_idle()
-                self.table.settle(seq, claim.reason or "end")  # type: ignore[arg-type]
-            else:
-                seq.live = False  # another replica has it, or the store has nothing of it
-                self._go_on(seq)
-        return runs
+            await self.opening(pending)
+            runs.append((pending, None))
+        keys = [p.control.key for p, _ in runs if not p.control.start]
+        loaded = iter(await self.store.load(keys)) if keys else iter(())
+        return [(p, None if p.control.start else next(loaded)) for p, _ in runs]
 
     def _unrun(self, pending: Pending, outcome: InferenceResponse | Exception) -> None:
         """Answer a request that was taken to run but does not run, and free its sequence."""
@@ -302,6 +241,11 @@ class SequenceEngine:
         else:
             pending.future.set_result(outcome)
 
+    def _replay(self, pending: Pending, answer: InferenceResponse) -> None:
+        """Answer a retried step with the answer it got (a copy) and apply nothing."""
+        self.replayed += 1
+        self._unrun(pending, answer.model_copy())
+
     def _answered_from_steps(self, pending: Pending, done: int, answer: Any) -> bool:
         """Whether ``pending``'s ``sequence_step`` answers it without running (after ``done`` steps
         applied, the last one's ``answer`` kept or None): a retry of that step, or out of order."""
@@ -310,8 +254,7 @@ class SequenceEngine:
             return False
         seq = pending.sequence
         if step == done and answer is not None and (seq.live or self.shared is not None):
-            self.replayed += 1
-            self._unrun(pending, answer.model_copy())
+            self._replay(pending, answer)
         elif pending.control.start or step == done + 1:
             return False
         else:
@@ -339,7 +282,8 @@ class SequenceEngine:
             pending = batch[i]
             seq = pending.sequence
             seq.step = 1 if pending.control.start else seq.step + 1
-            seq.answer = results[i] if pending.control.step is not None else None
+            # a copy: the caller's is named after its request later (its id), the kept one is not
+            seq.answer = results[i].model_copy() if pending.control.step is not None else None
 
     async def commit(
         self, batch: list[Pending], steps: list[SequenceStep], results: list[Any], ends: list[bool]
@@ -348,32 +292,23 @@ class SequenceEngine:
         the states of those that go on, the step counts and the answers of numbered steps. A step
         whose write a shared store refused gets 503 in ``results`` instead. Returns the evicted states."""
         good = [i for i, result in enumerate(results) if isinstance(result, InferenceResponse)]
-        shared = self.shared
-        if shared is None:
-            keep = [(steps[i].sequence_id, steps[i].state) for i in good if not ends[i]]
-            evicted = await self.store.save(keep) if keep else []
-            self._count_steps(batch, results, good)
-            return evicted
+        keep = [(steps[i].sequence_id, steps[i].state) for i in good if not ends[i]]
+        evicted = await self.store.save(keep) if keep else []
         self._count_steps(batch, results, good)
-        commits = [
-            Commit(
-                batch[i].control.key,
-                steps[i].state,
-                batch[i].sequence.step,
-                batch[i].sequence.answer,
-                "end" if ends[i] else None,
-                release=batch[i].control.generated,
-            )
-            for i in good
-        ]
-        written = await shared.commit(commits) if commits else []
-        for i, ok in zip(good, written, strict=True):
-            if not ok:
-                results[i] = SequenceElsewhere(
-                    f"Sequence {batch[i].control.echo!r} was taken over by another replica while this step ran; "
-                    "its outcome was not kept: try the step again"
-                )
-        return []
+        return evicted
+
+    async def checkpoint(self, items: list[tuple[Sequence, Any]]) -> dict[Sequence, Exception]:
+        """Keep the states of sequences that run on (continuous batching, after each step) where other
+        replicas see them; the sequences whose state was not kept, with the error their requests get
+        (each is no longer held here). In this process's memory there is nothing to write."""
+        return {}
+
+    def moved(self, seq: Sequence) -> None:
+        """Nothing of ``seq`` runs any more and its state was not kept here (``checkpoint``): forget
+        it, without an ending; its next request claims it again."""
+        seq.live = False
+        seq.stop_idle()
+        self._go_on(seq)
 
     async def finished(self, seq: Sequence, *, ended: bool, state: Any = STORED, keep: bool = False) -> None:
         """Nothing of ``seq`` runs any more: end it (it ``ended``, or an ending waits for this), or keep
@@ -438,24 +373,10 @@ class SequenceEngine:
             await self.tell(key, reason, await self.store.pop(key))
 
     async def _record_end(self, key: str, reason: EndReason) -> None:
-        """With a shared store: record how the sequence ended there (if this replica still holds it)."""
-        shared = self.shared
-        if shared is not None:
-            await shared.record_end(key, reason)
+        """Record how the sequence ended where other replicas see it (nowhere, in memory)."""
 
     async def hand_over(self) -> None:
-        """With a shared store, as the server drains: release the leases of the sequences that run
-        and wait for nothing here, so that another replica takes each over at its next step at once
-        (the others are released when they have run, at ``stop``)."""
-        shared = self.shared
-        if shared is None:
-            return
-        idle = [
-            key for key, seq in self.table.active.items() if not self.strategy.busy(seq) and not seq.queue
-        ]
-        if idle:
-            await shared.release(idle)
-            logger.info("Model %r handed %d sequence(s) over to other replicas", self.name, len(idle))
+        """As the server drains: let other replicas take over what this one holds (nothing, in memory)."""
 
     async def stop(self) -> None:
         """End every open sequence (reason ``unload``) and empty the store; call once nothing runs.

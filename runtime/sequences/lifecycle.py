@@ -112,6 +112,9 @@ class Sequences:
         self.memory = memory
         self.active: dict[str, Sequence] = {}
         self.ended: OrderedDict[str, EndReason] = OrderedDict()
+        self.last_steps: dict[str, tuple[int, Any]] = {}
+        """Of the remembered ended sequences whose last step was numbered: (its number, its answer),
+        so that a retry of that step gets its answer after the ending too (as with a shared store)."""
         self.queued = 0
         self.rejected: dict[str, int] = {"capacity": 0, "queue_full": 0, "not_open": 0, "ended": 0}
         self.ended_by: dict[str, int] = dict.fromkeys(END_REASONS, 0)
@@ -165,6 +168,7 @@ class Sequences:
         seq = Sequence(control.key)
         self.active[control.key] = seq
         self.ended.pop(control.key, None)
+        self.last_steps.pop(control.key, None)
         return seq
 
     def _check_room(self, seq: Sequence, control: SequenceControl) -> None:
@@ -177,11 +181,26 @@ class Sequences:
 
     # ------------------------------------------------------------------ endings
 
-    def remember(self, key: str, reason: EndReason) -> None:
+    def remember(self, key: str, reason: EndReason, step: int = 0, answer: Any = None) -> None:
         self.ended[key] = reason
         self.ended.move_to_end(key)
+        if answer is not None:
+            self.last_steps[key] = (step, answer)
+        else:
+            self.last_steps.pop(key, None)
         while len(self.ended) > self.memory:
-            self.ended.popitem(last=False)
+            old, _reason = self.ended.popitem(last=False)
+            self.last_steps.pop(old, None)
+
+    def replay(self, control: SequenceControl) -> Any:
+        """The stored answer when ``control`` retries the last (numbered) step of a sequence that
+        ended here, else None."""
+        if control.step is None or control.key in self.active:
+            return None
+        last = self.last_steps.get(control.key)
+        if last is None or last[0] != control.step:
+            return None
+        return last[1]
 
     def forget(self, seq: Sequence) -> None:
         """Drop a sequence that runs and waits for nothing without remembering an ending (with a
@@ -217,4 +236,4 @@ class Sequences:
         seq.stop_timers()
         if self.current(seq):
             del self.active[seq.key]
-            self.remember(seq.key, reason)
+            self.remember(seq.key, reason, seq.step, seq.answer)

@@ -12,9 +12,13 @@ One Redis hash per sequence, under ``mlserver:seq:<model>:<version>:<sequence id
   the sequence (its lease expired, another took over) cannot write it any more;
 - ``ended``: the reason the sequence ended, once it did (the state is dropped then).
 
-The hash expires after ``max_sequence_idle_ms`` without a step (an ended one after that, or an hour
-when the idle timeout is off). Claims and writes are Lua scripts, so each is atomic: the claims
-of a batch are one script call (one round trip), and so are its writes.
+``last`` is when its last step was written. A sequence idle for ``max_sequence_idle_ms`` ends
+(reason ``idle``): its replica records that; if that replica is gone, the next claim of it does.
+An ended sequence's hash (the reason, the step count and the last answer, so that a retry of that
+step still gets it) expires ``max_sequence_idle_ms`` after the ending (an hour when the idle timeout
+is off), an open one's that long after it would have become idle. Claims and writes are Lua
+scripts, so each is atomic: the claims of a batch are one script call (one round trip), and so are
+its writes.
 
 The states are pickled: the Redis server is trusted infrastructure of the deployment (whoever can
 write to it can run code in the replicas), as a model repository is.
@@ -42,15 +46,24 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: the sequences; ARGV: owner, lease ms, ttl ms, then per key: start ('1'/'0'), step (0: none)
+# KEYS: the sequences; ARGV: owner, lease ms, idle ms (0: none), TTL ms of an open sequence's key,
+# TTL ms of an ended one's, then per key: start ('1'/'0'), step (0: none)
 _CLAIM = (
     _NOW
     + """
-local owner, lease, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner, lease, idle, ttl, ended_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local function claim(key, start, step)
-  local h = redis.call('HMGET', key, 'owner', 'token', 'until', 'ended', 'step')
+  local h = redis.call('HMGET', key, 'owner', 'token', 'until', 'ended', 'step', 'last')
   local holder, token, untl, ended = h[1], tonumber(h[2]) or 0, tonumber(h[3]) or 0, h[4]
   local done = tonumber(h[5]) or 0
+  if h[2] and not ended and untl <= now and idle > 0 and now - (tonumber(h[6]) or now) >= idle then
+    -- idle for longer than the idle timeout, its lease expired: it ended, as it would have there
+    ended = 'idle'
+    redis.call('HDEL', key, 'state', 'owner', 'until')
+    redis.call('HSET', key, 'ended', ended)
+    redis.call('PEXPIRE', key, ended_ttl)
+    holder = nil
+  end
   if h[2] and step > 0 and step == done then
     local answer = redis.call('HGET', key, 'answer')
     if answer then return {'replay', answer} end
@@ -59,7 +72,7 @@ local function claim(key, start, step)
   if start then
     token = token + 1
     redis.call('DEL', key)
-    redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease, 'step', 0)
+    redis.call('HSET', key, 'owner', owner, 'token', token, 'until', now + lease, 'step', 0, 'last', now)
     if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
     return {'ok', token, false, 0}
   end
@@ -73,13 +86,14 @@ local function claim(key, start, step)
 end
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = claim(key, ARGV[2 * i + 2] == '1', tonumber(ARGV[2 * i + 3]))
+  out[i] = claim(key, ARGV[2 * i + 4] == '1', tonumber(ARGV[2 * i + 5]))
 end
 return out
 """
 )
 
-# KEYS: the sequences; ARGV: owner, lease ms, ttl ms, ended ttl ms, then per key 7 values: token,
+# KEYS: the sequences; ARGV: owner, lease ms, TTL ms of an open sequence's key, TTL ms of an ended
+# one's, then per key 7 values: token,
 # ended reason ('' = goes on), step count ('' = leave), state, '1' if an answer follows, answer,
 # '1' to free the lease with the write. A key whose owner or token differ is not written (0).
 _COMMIT = (
@@ -102,7 +116,7 @@ local function commit(key, b)
   end
   local held = lease
   if ARGV[b + 7] == '1' then held = 0 end
-  redis.call('HSET', key, 'state', ARGV[b + 4], 'until', now + held)
+  redis.call('HSET', key, 'state', ARGV[b + 4], 'until', now + held, 'last', now)
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
   return 1
 end
@@ -188,8 +202,11 @@ class RedisStateStore(SharedStateStore):
 
         self.url = url
         self.capacity = capacity
-        self.ttl_ms = ttl_ms
+        self.idle_ms = ttl_ms
         self.ended_ttl_ms = ttl_ms or ENDED_TTL_MS
+        self.ttl_ms = ttl_ms + self.ended_ttl_ms if ttl_ms else 0
+        """An open sequence's key outlives its idle timeout by as long as an ending is remembered:
+        whichever replica sees it next records its idle ending (and can replay its last answer)."""
         self.lease_ms = lease_ms
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{new_secret_id()[:8]}"
         self.prefix = f"mlserver:seq:{model}:{version or ''}:"
@@ -222,7 +239,7 @@ class RedisStateStore(SharedStateStore):
     async def claim(self, items: Sequence[tuple[str, bool, int | None]]) -> list[Claim]:
         if not items:
             return []
-        args: list[Any] = [self.replica, self.lease_ms, self.ttl_ms]
+        args: list[Any] = [self.replica, self.lease_ms, self.idle_ms, self.ttl_ms, self.ended_ttl_ms]
         for _key, start, step in items:
             args += (int(start), step or 0)
         sent = time.monotonic()
@@ -281,7 +298,7 @@ class RedisStateStore(SharedStateStore):
                 continue
             values = [
                 item.ended or "",
-                item.step,
+                "" if item.step is None else item.step,
                 b"" if item.ended else dumps(item.state),
                 int(item.answer is not None),
                 b"" if item.answer is None else dumps(item.answer),

@@ -84,8 +84,8 @@ class Commit:
 
     key: str
     state: Any
-    step: int
-    """The number of steps applied, this one included."""
+    step: int | None
+    """The number of steps applied, this one included (None: leave it, and the answer, as they are)."""
     answer: Any = None
     """The step's answer, kept for a retry of it (None: not kept)."""
     ended: str | None = None

@@ -21,13 +21,20 @@ pytestmark = pytest.mark.anyio
 # ---------------------------------------------------------------------- sequence_step, one replica
 
 
+def _answer(response: Any) -> dict[str, Any]:
+    """A response's body but its id (each request without an id gets a fresh one)."""
+    document: dict[str, Any] = response.json()
+    document.pop("id", None)
+    return document
+
+
 async def test_a_retried_step_gets_its_answer_and_applies_nothing(inprocess: InProcess) -> None:
     model = await serve(inprocess)
     async with inprocess.client() as client:
         first = await step(client, 5, sequence_id="s", sequence_start=True, sequence_step=1)
         assert total(first) == 5
         again = await step(client, 5, sequence_id="s", sequence_start=True, sequence_step=1)
-        assert total(again) == 5 and again.json() == first.json()
+        assert total(again) == 5 and _answer(again) == _answer(first)
         second = await step(client, 3, headers={"sequence_step": "2"}, sequence_id="s")
         assert total(second) == 8
         retried = await step(client, 3, headers={"sequence_step": "2"}, sequence_id="s")
@@ -107,7 +114,7 @@ async def test_a_stale_owner_cannot_write(stores: list[RedisStateStore]) -> None
     (replay,) = await a.claim([("k", False, 2)])
     assert replay.kind == "replay" and replay.answer == "answer 2"
     ttl = await a.client.pttl(a.key("k"))
-    assert 0 < ttl <= 60000  # the idle timeout
+    assert 60000 < ttl <= 120000  # the idle timeout, then as long as an ending is remembered
 
 
 async def test_two_replicas_racing_for_a_sequence_one_wins(stores: list[RedisStateStore]) -> None:
@@ -136,6 +143,89 @@ async def test_an_ending_is_recorded_for_every_replica(stores: list[RedisStateSt
     assert none.kind == "none"
     ttl = await a.client.pttl(a.key("e"))
     assert 0 < ttl <= 60000
+
+
+async def test_a_sequence_whose_replica_left_ends_idle_at_its_next_claim(redis_url: str) -> None:
+    a, b = (
+        RedisStateStore(redis_url, "idle", None, capacity=10, ttl_ms=300, lease_ms=100, replica=name)
+        for name in ("a", "b")
+    )
+    try:
+        await a.claim([("gone", True, 1)])
+        assert await a.commit([Commit("gone", {"sum": 1}, 1, "answer 1")]) == [True]
+        (claim,) = await b.claim([("gone", False, 2)])
+        assert claim.kind == "busy"  # a's lease (100 ms) first
+        await asyncio.sleep(0.4)  # a is gone: nobody ends the sequence but the idle rule
+        (ended,) = await b.claim([("gone", False, 2)])
+        assert ended.kind == "ended" and ended.reason == "idle" and ended.done == 1
+        (replay,) = await b.claim([("gone", False, 1)])
+        assert replay.kind == "replay" and replay.answer == "answer 1"
+        assert 0 < await a.client.pttl(a.key("gone")) <= 300
+    finally:
+        await a.close()
+        await b.close()
+
+
+# ---------------------------------------------------------------------- both stores answer alike
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Each store in turn (Redis: the real redis-server of this module)."""
+    if request.param == "memory":
+        return "memory"
+    url: str = request.getfixturevalue("redis_url")
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+async def test_a_retried_end_gets_its_answer_with_either_store(inprocess: InProcess, store_url: str) -> None:
+    model = await serve(inprocess, sequence_store=store_url)
+    async with inprocess.client() as client:
+        assert total(await step(client, 4, sequence_id="e", sequence_start=True, sequence_step=1)) == 4
+        end = await step(client, 3, sequence_id="e", sequence_step=2, sequence_end=True)
+        assert total(end) == 7 and end.json()["parameters"]["sequence_end"] is True
+        for _ in range(2):
+            again = await step(client, 3, sequence_id="e", sequence_step=2, sequence_end=True)
+            assert again.status_code == 200 and _answer(again) == _answer(end)
+        assert len(model.batches) == 2  # the retries ran nothing
+        numbered: list[dict[str, Any]] = [{"sequence_step": 3}, {"sequence_step": 1}, {}]
+        for params in numbered:  # the future, the past, unnumbered
+            late = await step(client, 1, sequence_id="e", **params)
+            assert late.status_code == 400 and "reason: end" in late.json()["error"], (params, late.text)
+        # a one-step sequence: its retried START (numbered 1) is a retry, as while it was open
+        one = await step(
+            client, 5, sequence_id="one", sequence_start=True, sequence_end=True, sequence_step=1
+        )
+        again = await step(
+            client, 5, sequence_id="one", sequence_start=True, sequence_end=True, sequence_step=1
+        )
+        assert total(one) == 5 and _answer(again) == _answer(one)
+        # a new START without a number opens the id afresh: the old answers are gone with it
+        assert total(await step(client, 2, sequence_id="e", sequence_start=True)) == 2
+        stale = await step(client, 4, sequence_id="e", sequence_step=1)
+        assert stale.status_code == 409 and "sequence_step=2" in stale.json()["error"]
+    assert model.reasons("e") == ["end"] and len(model.batches) == 4
+    assert scheduler(inprocess).describe()["stats"]["replayed_steps"] == 3
+
+
+async def test_a_retried_step_after_an_idle_ending_gets_its_answer_with_either_store(
+    inprocess: InProcess, store_url: str
+) -> None:
+    # Redis keeps an ended sequence's record for the idle timeout: long enough to retry in
+    model = await serve(inprocess, sequence_store=store_url, max_sequence_idle_ms=1500)
+    async with inprocess.client() as client:
+        assert total(await step(client, 4, sequence_id="i", sequence_start=True, sequence_step=1)) == 4
+        second = await step(client, 2, sequence_id="i", sequence_step=2)
+        assert total(second) == 6
+        assert (await model.ending("i"))[0] == "idle"
+        again = await step(client, 2, sequence_id="i", sequence_step=2)
+        assert again.status_code == 200 and _answer(again) == _answer(second)
+        ahead = await step(client, 1, sequence_id="i", sequence_step=3)
+        assert ahead.status_code == 400 and "reason: idle" in ahead.json()["error"]
+    assert len(model.batches) == 2
 
 
 # ---------------------------------------------------------------------- two replicas in process
@@ -222,20 +312,28 @@ async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
         await server.registry.unload_all()
 
 
-async def test_continuous_batching_refuses_a_shared_store(inprocess: InProcess) -> None:
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_worker_processes_refuse_a_shared_store(
+    inprocess: InProcess, workers: int, continuous: bool
+) -> None:
     from runtime.settings import ModelSettings
 
     await inprocess.load(
         ModelSettings(
-            name="ticks",
-            implementation="tests.continuous_models.SequenceTicker",
-            continuous_batching=True,
+            name="seq",
+            implementation="tests.continuous_models.SequenceTicker"
+            if continuous
+            else "tests.models.seqzoo.Recorder",
+            continuous_batching=continuous,
             sequence_batching=True,
             sequence_store="redis://127.0.0.1:1/0",
+            workers=workers,
         )
     )
-    entry = inprocess.registry.find("ticks")
-    assert not entry.ready and "shared sequence_store serves sequence batching" in entry.reason
+    entry = inprocess.registry.find("seq")
+    assert not entry.ready and "cannot serve a model in worker processes" in entry.reason
+    assert f"workers: {workers}" in entry.reason and entry.workers is None  # refused before any started
 
 
 async def test_a_step_of_a_sequence_held_here_is_one_round_trip(redis_url: str) -> None:
