@@ -10,7 +10,7 @@ then on, and for everything a model receives, it is a numpy array of the tensor'
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, RootModel
 
@@ -80,28 +80,6 @@ def set_field(model: BaseModel, name: str, value: Any) -> None:
         model.__pydantic_fields_set__.add(name)
     else:
         setattr(model, name, value)
-
-
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-def construct(cls: type[_Model], fields: dict[str, Any]) -> _Model:
-    """``cls(**fields)`` for a request or response model whose every field is in ``fields``, each
-    value already of its declared type (a transport's decoder that guarantees it, such as a protobuf
-    message's own fields): the model validation would give, with the same fields set, without the
-    validation pass. A class other than these plain models goes through pydantic as usual."""
-    if cls not in _PLAIN:
-        return cls(**fields)
-    model = _new(cls)
-    _set(model, "__dict__", fields)
-    _set(model, "__pydantic_fields_set__", set(fields))
-    _set(model, "__pydantic_extra__", None)
-    _set(model, "__pydantic_private__", None)
-    return model
-
-
-_new = object.__new__
-_set = object.__setattr__
 
 
 def set_extra(parameters: Parameters, name: str, value: Any) -> None:

@@ -35,7 +35,6 @@ from ..types import (
     RequestInput,
     RequestOutput,
     UInt64,
-    construct,
 )
 from .generated import dataplane_pb2 as pb
 
@@ -149,19 +148,16 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
             data: Any = raw[index]
         else:
             data = _typed_array(tensor, datatype.value)
-        # protobuf's own types are the fields' types (str, a list of ints, bytes): no validation pass
+        # (validating these small models is faster than pydantic's model_construct)
         inputs.append(
-            construct(
-                RequestInput,
-                {
-                    "name": name,
-                    "shape": tensor.shape[:],
-                    "datatype": datatype,
-                    "parameters": parameters_from_proto(tensor.parameters, f"input {name!r}")
-                    if tensor.parameters
-                    else None,
-                    "data": data,
-                },
+            RequestInput(
+                name=name,
+                shape=list(tensor.shape),
+                datatype=datatype,
+                parameters=parameters_from_proto(tensor.parameters, f"input {name!r}")
+                if tensor.parameters
+                else None,
+                data=data,
             )
         )
     outputs = None
@@ -175,14 +171,11 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
             )
             for out in msg.outputs
         ]
-    return construct(
-        InferenceRequest,
-        {
-            "id": msg.id or None,
-            "parameters": parameters_from_proto(msg.parameters, "the request") if msg.parameters else None,
-            "inputs": inputs,
-            "outputs": outputs,
-        },
+    return InferenceRequest(
+        id=msg.id or None,
+        parameters=parameters_from_proto(msg.parameters, "the request") if msg.parameters else None,
+        inputs=inputs,
+        outputs=outputs,
     )
 
 
