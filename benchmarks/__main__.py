@@ -130,6 +130,8 @@ def launch(folder: Path, checkout: Path, env: dict[str, str] | None = None) -> R
     command += ["--http-port", "0", "--grpc-port", "0"]
     if "metrics_port" in (checkout / "runtime" / "settings.py").read_text():
         command += ["--metrics-port", "0"]  # a checkout that serves metrics, on a port of their own
+    if "management_port" in (checkout / "runtime" / "settings.py").read_text():
+        command += ["--management-port", "0"]  # and its management API, likewise
     process = subprocess.Popen(
         command,
         stdout=subprocess.DEVNULL,

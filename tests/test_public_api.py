@@ -86,3 +86,31 @@ def test_importing_runtime_does_not_import_torch() -> None:
     code = "import sys, runtime, runtime.server, runtime.dataplane; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_the_server_imports_what_only_some_models_or_calls_need_on_first_use() -> None:
+    """Start-up cost: batching schedulers, worker processes, archive readers, gRPC reflection and
+    TorchServe's error details are imported when a model or call first needs them."""
+    lazy = [
+        "runtime.scheduling.adaptive",
+        "runtime.scheduling.continuous_batching",
+        "runtime.scheduling.sequence_batching",
+        "runtime.scheduling.forwarding",
+        "runtime.workers",
+        "tarfile",
+        "email.policy",
+        "grpc_reflection.v1alpha.reflection",
+        "google.rpc.error_details_pb2",
+    ]
+    code = (
+        "import sys, runtime.cli, runtime.server, runtime.logs\n"
+        f"print([name for name in {lazy!r} if name in sys.modules])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    # and each is still there for whoever needs it
+    from runtime.scheduling import AdaptiveScheduler, SequenceScheduler, WorkerExecutor
+
+    assert AdaptiveScheduler.__name__ == "AdaptiveScheduler"
+    assert SequenceScheduler.__name__ == "SequenceScheduler"
+    assert WorkerExecutor.__name__ == "WorkerExecutor"

@@ -17,7 +17,6 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from ..dataplane import DataPlane
 from ..settings import Settings
@@ -64,7 +63,39 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     return handlers
 
 
-def _reflection_pool() -> descriptor_pool.DescriptorPool:
+REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
+
+
+class _Reflection(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Server reflection, imported and built by its first call: a server that is never asked
+    what it serves does not load grpc_reflection and its descriptors."""
+
+    _METHOD = f"/{REFLECTION_SERVICE}/ServerReflectionInfo"
+
+    def __init__(self) -> None:
+        self._handler: grpc.RpcMethodHandler | None = None
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if handler_call_details.method != self._METHOD:
+            return None
+        if self._handler is None:
+            from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+            names = (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                REFLECTION_SERVICE,
+            )
+            servicer = reflection.aio.ReflectionServicer(names, pool=_reflection_pool(reflection_pb2))
+            self._handler = grpc.stream_stream_rpc_method_handler(
+                servicer.ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            )
+        return self._handler
+
+
+def _reflection_pool(reflection_pb2: Any) -> descriptor_pool.DescriptorPool:
     # the stubs live in a pool of their own (see scripts/generate_grpc.py): gather what
     # reflection describes into one pool
     pool = descriptor_pool.DescriptorPool()
@@ -125,15 +156,7 @@ class GrpcServer:
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
             server.add_registered_method_handlers(service, table)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
-            pool=_reflection_pool(),
-        )
+        server.add_generic_rpc_handlers((_Reflection(),))
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"
         credentials = _credentials(settings)

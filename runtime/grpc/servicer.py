@@ -55,10 +55,10 @@ def guarded(method: Handler[Request, Response]) -> Handler[Request, Response]:
     return handler
 
 
-def _metadata(context: Any) -> list[tuple[str, str]]:
-    """The call's metadata as text pairs (binary ``-bin`` entries are not sequence fields)."""
-    found = context.invocation_metadata() or ()
-    return [(key, value) for key, value in found if isinstance(value, str)]
+def _metadata(context: Any) -> tuple[tuple[str, Any], ...]:
+    """The call's metadata; its binary ``-bin`` entries are never sequence fields, whose names
+    ``apply_headers`` looks for and which gRPC carries as text."""
+    return context.invocation_metadata() or ()
 
 
 class InferenceServicer:
@@ -100,9 +100,10 @@ class InferenceServicer:
         apply_headers(inference, _metadata(context))
         response = await self.dataplane.infer(inference, name, version)
         message = response_to_proto(response, bool(request.raw_input_contents))
-        trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
-        if trailers:
-            context.set_trailing_metadata(trailers)
+        if response.parameters is not None:  # headers and sequence fields are parameters
+            trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
+            if trailers:
+                context.set_trailing_metadata(trailers)
         return message
 
     @guarded

@@ -12,20 +12,20 @@ import asyncio
 import logging
 import os
 import re
-import tarfile
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
 from ..registry import ModelEntry, Registry
 from ..repository import find_model_settings
-from ..scheduling.worker_executor import WorkerExecutor
 from ..settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings
 from ..types import State
+
+if TYPE_CHECKING:
+    from ..scheduling.worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +225,9 @@ class Management:
         return path == root or root in path.parents
 
     def _extract(self, archive: Path) -> Path:
+        import tarfile  # imported by the first archive registered, not at start-up
+        import zipfile
+
         if self._store is None:
             self._store = Path(tempfile.mkdtemp(prefix="mlserver-like-models-"))
         target = Path(tempfile.mkdtemp(dir=self._store, prefix=archive.name.split(".")[0] + "-"))

@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from ..continuous import ContinuousModel
 from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, serves_stateless
 from ..settings import ModelSettings
-from .adaptive import AdaptiveScheduler
-from .continuous_batching import ContinuousScheduler
 from .direct import DirectScheduler
-from .forwarding import ForwardingScheduler
 from .scheduler import RequestFailed, Scheduler
-from .sequence_batching import SequenceScheduler
-from .worker_executor import WorkerExecutor
+
+if TYPE_CHECKING:
+    from .adaptive import AdaptiveScheduler
+    from .continuous_batching import ContinuousScheduler
+    from .forwarding import ForwardingScheduler
+    from .sequence_batching import SequenceScheduler
+    from .worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
+
+# the batching schedulers are imported by the first model that asks for one: a server of
+# unbatched models never loads them (nor numpy's concatenation helpers they bring)
+_LAZY = {
+    "AdaptiveScheduler": ".adaptive",
+    "ContinuousScheduler": ".continuous_batching",
+    "ForwardingScheduler": ".forwarding",
+    "SequenceScheduler": ".sequence_batching",
+    "WorkerExecutor": ".worker_executor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
 
 
 def make_scheduler(
@@ -31,7 +52,11 @@ def make_scheduler(
     server forwards requests to them."""
     if settings.continuous_batching:
         if workers is not None:
+            from .forwarding import ForwardingScheduler
+
             return ForwardingScheduler(model, settings, workers)
+        from .continuous_batching import ContinuousScheduler
+
         return ContinuousScheduler(model, settings)
     if isinstance(model, ContinuousModel) and not _answers_alone(model):
         logger.warning(
@@ -42,6 +67,8 @@ def make_scheduler(
     if settings.sequence_batching:
         # requests outside any sequence go to the model's predict, scheduled as for any model
         stateless = _stateless(model, settings, workers) if serves_stateless(model) else None
+        from .sequence_batching import SequenceScheduler
+
         return SequenceScheduler(model, settings, stateless=stateless, executor=workers)
     if isinstance(model, SequenceModel) and not serves_stateless(model):
         logger.warning(
@@ -63,6 +90,8 @@ def _answers_alone(model: MLModel) -> bool:
 
 def _stateless(model: MLModel, settings: ModelSettings, workers: WorkerExecutor | None) -> Scheduler:
     if settings.max_batch_size > 1 and settings.max_batch_time > 0:
+        from .adaptive import AdaptiveScheduler
+
         adaptive = AdaptiveScheduler(model, settings)
         if workers is not None:  # at least one batch in flight per worker
             adaptive.max_concurrent_batches = max(adaptive.max_concurrent_batches, workers.pool.target)

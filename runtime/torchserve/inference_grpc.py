@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import status_pb2
 
 from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
@@ -71,6 +71,8 @@ def error_status(error: ServerError, model: str) -> tuple[grpc.StatusCode, str]:
 
 def in_stream_error(message: str, kind: str = "InternalServerException") -> Any:
     """An error answered inside StreamPredictions2: code 13 with an ErrorInfo, as TorchServe does."""
+    from google.rpc import error_details_pb2  # imported by the first such error, not at start-up
+
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.ErrorInfo(reason=f"{kind}.()"))
     return pb.PredictionResponse(status=status_pb2.Status(code=13, message=message, details=[detail]))

@@ -15,8 +15,6 @@ Errors are TorchServe's body ``{"code", "type", "message"}`` (:mod:`.errors`).
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -69,6 +67,9 @@ def read_entries(body: bytes, content_type: str | None, query: str) -> list[Entr
     entries: list[Entry] = []
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind == "multipart/form-data" and content_type:
+        import email.parser  # imported by the first multipart body, not at start-up
+        import email.policy
+
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
             b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
         )
