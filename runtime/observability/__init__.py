@@ -49,9 +49,17 @@ class Observability:
         """The REST app, wrapped when requests are counted, logged or traced."""
         if not self.watching_requests:
             return app
-        from .access import ObservedApp
+        from .access import ObservedApp, rest_counter
 
-        return ObservedApp(app, self.recorder, self.access_log, self.tracing)
+        recorder = self.recorder
+        if recorder is not None and not self.access_log and self.tracing is None:
+            count_requests = getattr(app, "count_requests", None)
+            if count_requests is not None:  # the app counts its hot path itself: no wrapper there
+                count_requests(
+                    rest_counter(recorder), lambda inner: ObservedApp(inner, recorder, False, None)
+                )
+                return app
+        return ObservedApp(app, recorder, self.access_log, self.tracing)
 
     def grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         if not self.watching_requests:

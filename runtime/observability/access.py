@@ -99,6 +99,17 @@ def route_of(scope: dict[str, Any]) -> str:
     return route
 
 
+def rest_counter(recorder: Recorder) -> Callable[[dict[str, Any], int, float], None]:
+    """What counts one answered REST request into ``recorder`` (by method, route and status), for an
+    app that reports its requests itself (``RestApp.count_requests``)."""
+    record = recorder.rest_request
+
+    def count(scope: dict[str, Any], status: int, seconds: float) -> None:
+        record(scope["method"], route_of(scope), status, seconds)
+
+    return count
+
+
 class ObservedApp:
     """Wraps the REST app: counts every request, logs it, traces it."""
 
