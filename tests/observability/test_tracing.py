@@ -261,8 +261,9 @@ async def test_a_stream_served_by_one_model_call_traces_its_queue_batch_and_mode
     exporter: tuple[TracerProvider, InMemorySpanExporter], adaptive: bool
 ) -> None:
     provider, memory = exporter
-    batching = {"max_batch_size": 4, "max_batch_time": 0.01} if adaptive else {}
-    settings = ModelSettings(name="counter", implementation=SpanCounter, **batching)
+    settings = ModelSettings(name="counter", implementation=SpanCounter)
+    if adaptive:
+        settings = settings.model_copy(update={"max_batch_size": 4, "max_batch_time": 0.01})
     document = {"inputs": [{"name": "n", "shape": [1], "datatype": "INT32", "data": [3]}]}
     async with serving(settings, tracer_provider=provider) as server:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
