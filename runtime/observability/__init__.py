@@ -52,7 +52,7 @@ class Observability:
         from .access import ObservedApp, rest_counter
 
         recorder = self.recorder
-        if recorder is not None and not self.access_log and self.tracing is None:
+        if recorder is not None and self.counting_only:
             count_requests = getattr(app, "count_requests", None)
             if count_requests is not None:  # the app counts its hot path itself: no wrapper there
                 count_requests(
@@ -61,12 +61,27 @@ class Observability:
                 return app
         return ObservedApp(app, recorder, self.access_log, self.tracing)
 
+    @property
+    def counting_only(self) -> bool:
+        """Whether the metrics alone watch requests (no access log, no traces)."""
+        return self.recorder is not None and not self.access_log and self.tracing is None
+
     def grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        if not self.watching_requests:
+        """The gRPC server's interceptor, when the access log or tracing read every call."""
+        if not self.watching_requests or self.counting_only:
             return []
         from .access import ObservedGrpc
 
         return [ObservedGrpc(self.recorder, self.access_log, self.tracing)]
+
+    def grpc_registration(self, server: grpc.aio.Server) -> Any:
+        """What registers the gRPC server's method handlers: the server itself, or, when the
+        metrics alone watch calls, a registration that observes each handler once (no interceptor)."""
+        if not self.counting_only:
+            return server
+        from .access import ObservedGrpc, ObservedRegistration
+
+        return ObservedRegistration(server, ObservedGrpc(self.recorder, False, None))
 
     def start(self) -> None:
         activate(self.tracing)
