@@ -1,13 +1,15 @@
 """What the metrics cost: REST echo throughput with metrics on and off, in one run.
 
-    python3 benchmarks/bench_metrics.py [--seconds 1.5] [--rounds 6] [--connections 16]
+    python3 benchmarks/bench_metrics.py [--seconds 1.5] [--rounds 6] [--connections 16] [--no-grpc]
 
 Two servers of the example models run as separate processes on 127.0.0.1: one with the defaults
 (metrics on: every request counted per model and per route, /metrics served) and one started
-with ``--metrics-endpoint ''`` (metrics off: nothing counted). The same client loads them in
-alternating rounds, so that a change in the machine's load falls on both alike. Printed: each
-server's throughput over all rounds and its CPU time per request (read from /proc, the steadier
-figure on a shared machine), and the ratios (target: metrics on at most 5 % lower).
+with ``--metrics-endpoint ''`` (metrics off: nothing counted). Where the machine has two cores or
+more, both are pinned to the first core and the load generator to the others (as in
+``python -m benchmarks``). The same client loads them in alternating rounds, so that a change in
+the machine's load falls on both alike: REST echo, then gRPC ModelInfer echo (16 calls in flight).
+Printed: each server's throughput over all rounds and its CPU time per request (read from /proc,
+the steadier figure on a shared machine), and the ratios (target: metrics on at most 5 % lower).
 
 Then, since a busy machine blurs a difference of a few percent, the time the metrics add to one
 REST infer request is measured alone, in this process, on the server's own code with the work in
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +34,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.loadgen import compare, echo_body, echo_options, median_ratio  # noqa: E402
+from benchmarks.loadgen import (  # noqa: E402
+    Compared,
+    Result,
+    compare,
+    echo_body,
+    echo_options,
+    median_ratio,
+    run_grpc_load,
+)
 from runtime.dataplane import DataPlane  # noqa: E402
 from runtime.observability import Observability  # noqa: E402
 from runtime.registry import Registry  # noqa: E402
@@ -94,11 +106,60 @@ async def added_cost(calls: int = 100_000) -> float:
     return (best["observed app"] - best["bare app"] + best["observed infer"] - best["bare infer"]) * 1e6
 
 
+def pin(pid: int, cpu: int) -> None:
+    """Pin every thread of process ``pid`` to ``cpu`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.sched_setaffinity(int(tid), {cpu})
+
+
+def report(compared: dict[str, Compared]) -> Compared:
+    """Print the ratios of metrics on to off; return the metrics-off side."""
+    on, off = compared["metrics on"], compared["metrics off"]
+    print(
+        f"metrics on / off: throughput {on.throughput / off.throughput:.3f} over all rounds, "
+        f"{median_ratio(on, off):.3f} median of rounds; "
+        f"CPU per request {on.cpu / off.cpu:.3f}  (target: throughput >= 0.95)"
+    )
+    return off
+
+
+async def compare_grpc(servers: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict[str, Compared]:
+    """gRPC ModelInfer of the echo model (raw FP32), ``args.connections`` calls in flight, each
+    server (label: (address, pid)) in alternating rounds."""
+    import grpc
+    import numpy as np
+
+    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.grpc.generated import dataplane_pb2_grpc
+
+    request = pb.ModelInferRequest(model_name="echo", id="bench")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, args.elements])
+    request.raw_input_contents.append(np.arange(args.elements, dtype=np.float32).tobytes())
+    channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in servers.items()}
+    rounds: dict[str, list[tuple[Result, float]]] = {label: [] for label in servers}
+    try:
+        for _ in range(args.rounds):
+            for label, (_, pid) in servers.items():
+                stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channels[label])
+                result = await run_grpc_load(stub, request, args.connections, args.seconds, 0.2, pid)
+                rounds[label].append((result, result.cpu_per_request))
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    compared = {label: Compared(results) for label, results in rounds.items()}
+    width = max(len(label) for label in servers)
+    for label, side in compared.items():
+        print(side.line(label, width))
+    return compared
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     echo_options(parser)
+    parser.add_argument("--no-grpc", action="store_true", help="compare REST only")
     args = parser.parse_args()
     body = echo_body(args.elements)
     examples = ROOT / "examples" / "models"
@@ -110,17 +171,23 @@ def main() -> None:
         assert (
             "metrics" in servers["metrics on"].endpoints and "metrics" not in servers["metrics off"].endpoints
         )
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= 2:  # the servers on the first core, the client on the others
+            for server in servers.values():
+                pin(server.process.pid, cpus[0])
+            os.sched_setaffinity(0, set(cpus[1:]))
         targets = {
             label: (int(server.http_address.rsplit(":", 1)[1]), server.process.pid)
             for label, server in servers.items()
         }
-        compared = compare(targets, body, args)
-        on, off = compared["metrics on"], compared["metrics off"]
-        print(
-            f"metrics on / off: throughput {on.throughput / off.throughput:.3f} over all rounds, "
-            f"{median_ratio(on, off):.3f} median of rounds; "
-            f"CPU per request {on.cpu / off.cpu:.3f}  (target: throughput >= 0.95)"
-        )
+        print("REST infer echo")
+        off = report(compare(targets, body, args))
+        if not args.no_grpc:
+            print("gRPC ModelInfer echo")
+            addresses = {
+                label: (server.grpc_address, server.process.pid) for label, server in servers.items()
+            }
+            report(asyncio.run(compare_grpc(addresses, args)))
         added = asyncio.run(added_cost())
         print(
             f"CPU the metrics add to one REST infer request, measured alone: {added:.1f} us, "
