@@ -145,9 +145,17 @@ class DataPlane:
         self, request: InferenceRequest, name: str, version: str | None = None
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
-        if self.observer is not None:
-            return await self.observer.infer(name, version, self._infer(request, name, version))
-        return await self._infer(request, name, version)
+        observer = self.observer
+        watch = observer.begin(name, version) if observer is not None else None
+        if watch is None:
+            return await self._infer(request, name, version)
+        try:  # counted and traced here, in this frame: no wrapper coroutine on the hot path
+            response = await self._infer(request, name, version)
+        except BaseException as exc:
+            Observer.done(watch, exc)
+            raise
+        Observer.done(watch, None)
+        return response
 
     async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:
         entry = self._entry(name, version)

@@ -118,6 +118,7 @@ class Server:
             self.settings,
             self.observability.grpc_interceptors(),
             services=torchserve_services(self.dataplane, self._new_management_key()),
+            registration=self.observability.grpc_registration,
         )
         self.grpc_port = await self._grpc.start()
         if self.settings.management_enabled:

@@ -10,7 +10,7 @@ The repository RPCs are also served under MLServer's separate service name
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +124,16 @@ class GrpcServer:
         settings: Settings,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         services: dict[str, dict[str, grpc.RpcMethodHandler]] | None = None,
+        registration: Callable[[grpc.aio.Server], Any] | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.interceptors = list(interceptors)
         self.services = services or {}
         """Other protocols' services served beside OIP's (by full name: method handlers by method)."""
+        self.registration = registration
+        """What registers the method handlers on the server (None: the server itself); the metrics
+        observe each handler once this way rather than with an interceptor on every call."""
         self.port: int | None = None
         self.management_port: int | None = None
         self.health = HealthServicer(dataplane)
@@ -149,14 +153,15 @@ class GrpcServer:
         )
         handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
         repository = {name: handlers[name] for name in _REPOSITORY}
+        add = self.registration(server) if self.registration is not None else server
         for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
-            server.add_registered_method_handlers(service, table)
+            add.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
+            add.add_registered_method_handlers(service, table)
         for service, table in self.services.items():  # e.g. TorchServe's own API
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
-            server.add_registered_method_handlers(service, table)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        server.add_generic_rpc_handlers((_Reflection(),))
+            add.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
+            add.add_registered_method_handlers(service, table)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, add)
+        add.add_generic_rpc_handlers((_Reflection(),))
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"
         credentials = _credentials(settings)

@@ -49,16 +49,39 @@ class Observability:
         """The REST app, wrapped when requests are counted, logged or traced."""
         if not self.watching_requests:
             return app
-        from .access import ObservedApp
+        from .access import ObservedApp, rest_counter
 
-        return ObservedApp(app, self.recorder, self.access_log, self.tracing)
+        recorder = self.recorder
+        if recorder is not None and self.counting_only:
+            count_requests = getattr(app, "count_requests", None)
+            if count_requests is not None:  # the app counts its hot path itself: no wrapper there
+                count_requests(
+                    rest_counter(recorder), lambda inner: ObservedApp(inner, recorder, False, None)
+                )
+                return app
+        return ObservedApp(app, recorder, self.access_log, self.tracing)
+
+    @property
+    def counting_only(self) -> bool:
+        """Whether the metrics alone watch requests (no access log, no traces)."""
+        return self.recorder is not None and not self.access_log and self.tracing is None
 
     def grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        if not self.watching_requests:
+        """The gRPC server's interceptor, when the access log or tracing read every call."""
+        if not self.watching_requests or self.counting_only:
             return []
         from .access import ObservedGrpc
 
         return [ObservedGrpc(self.recorder, self.access_log, self.tracing)]
+
+    def grpc_registration(self, server: grpc.aio.Server) -> Any:
+        """What registers the gRPC server's method handlers: the server itself, or, when the
+        metrics alone watch calls, a registration that observes each handler once (no interceptor)."""
+        if not self.counting_only:
+            return server
+        from .access import ObservedGrpc, ObservedRegistration
+
+        return ObservedRegistration(server, ObservedGrpc(self.recorder, False, None))
 
     def start(self) -> None:
         activate(self.tracing)

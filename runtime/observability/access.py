@@ -12,13 +12,13 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ..ids import new_id
-from .counts import Recorder
+from .counts import MethodCounters, Recorder
 
 if TYPE_CHECKING:
     from .tracing import Tracing
@@ -99,6 +99,17 @@ def route_of(scope: dict[str, Any]) -> str:
     return route
 
 
+def rest_counter(recorder: Recorder) -> Callable[[dict[str, Any], int, float], None]:
+    """What counts one answered REST request into ``recorder`` (by method, route and status), for an
+    app that reports its requests itself (``RestApp.count_requests``)."""
+    record = recorder.rest_request
+
+    def count(scope: dict[str, Any], status: int, seconds: float) -> None:
+        record(scope["method"], route_of(scope), status, seconds)
+
+    return count
+
+
 class ObservedApp:
     """Wraps the REST app: counts every request, logs it, traces it."""
 
@@ -172,17 +183,18 @@ def _text(value: bytes | None) -> str | None:
 
 
 class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no type stubs
-    """Counts every gRPC call by service, method and status code, logs it, traces it."""
+    """Counts every gRPC call by service, method and status code, logs it, traces it.
+
+    As the server's interceptor when the access log or tracing read each call's metadata; when
+    the metrics alone watch calls, each method's handler is observed once, as it is registered
+    (:class:`ObservedRegistration`), and no interceptor runs: grpc.aio runs an interceptor
+    through a chain of coroutines on every call, which costs more than the counting.
+    """
 
     def __init__(self, recorder: Recorder | None, access_log: bool, tracing: Tracing | None) -> None:
         self.recorder = recorder
         self.access_log = access_log
         self.tracing = tracing
-        # Only the log and the trace read a call's metadata: without them, a method's observed
-        # handler is the same for every call, made once (by method name and the handler it wraps).
-        self._per_method: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] | None = (
-            {} if not access_log and tracing is None else None
-        )
 
     async def intercept_service(
         self,
@@ -192,35 +204,23 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         handler = await continuation(details)
         if handler is None:
             return handler
-        cache = self._per_method
-        if cache is None:
-            return self._observed(handler, details)
-        made = cache.get(details.method)
-        if made is not None and made[0] is handler:
-            return made[1]
-        observed = self._observed(handler, details)
-        if len(cache) < 1024:  # method names come from clients: a bounded set is kept
-            cache[details.method] = (handler, observed)
-        return observed
+        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        return self.observed(handler, details.method, metadata)
 
-    def _observed(
-        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
+    def observed(
+        self, handler: grpc.RpcMethodHandler, full: str, metadata: dict[str, str] | None = None
     ) -> grpc.RpcMethodHandler:
-        """``handler``, observed: counted, and logged and traced where those are on."""
-        full = details.method
+        """``handler`` of the method ``full`` (``/package.Service/Method``), observed: counted, and
+        logged and traced where those are on (``metadata``: the call's, which they read)."""
         service, _, method = full.lstrip("/").rpartition("/")
-        metadata = (
-            {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
-            if self._per_method is None
-            else {}
-        )
         if handler.unary_unary is not None:
             kind, behaviour = "unary", handler.unary_unary
         elif handler.stream_stream is not None:
             kind, behaviour = "bidi_stream", handler.stream_stream
         else:  # unary-stream (Health.Watch) and stream-unary calls pass unobserved
             return handler
-        call = _Call(kind, service, method, full, metadata)
+        counters = self.recorder.grpc_method(kind, service, method) if self.recorder is not None else None
+        call = _Call(kind, service, method, full, metadata or {}, counters)
         observe, begin, end = self._observe, self._begin, self._end
 
         if inspect.isasyncgenfunction(behaviour):  # a handler that yields its responses (reflection)
@@ -239,10 +239,33 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
                     end(call, start, None, code, request, None)
 
             observed: Any = observed_stream
+        elif counters is not None and not self.access_log and self.tracing is None:
+            ok = grpc.StatusCode.OK
+            clock = time.perf_counter
+
+            async def counted(
+                request: Any, context: grpc.aio.ServicerContext
+            ) -> Any:  # one frame, counts only
+                counters.started += 1
+                start = clock()
+                code: Any = ok
+                try:
+                    response = await behaviour(request, context)
+                    code = context.code() or ok
+                    return response
+                except BaseException as exc:
+                    code = context.code() or _failure(exc)
+                    raise
+                finally:
+                    counters.done(_status(code).name, clock() - start)
+
+            observed = counted
         else:
 
-            async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def observed_call(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 return await observe(behaviour, request, context, call)
+
+            observed = observed_call
 
         make = (
             grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.stream_stream_rpc_method_handler
@@ -254,8 +277,8 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
         )
 
     def _begin(self, call: _Call, traced: bool = True) -> tuple[float, Any]:
-        if self.recorder is not None:
-            self.recorder.grpc_start(call.kind, call.service, call.method)
+        if call.counters is not None:
+            call.counters.started += 1
         span = None
         if traced and self.tracing is not None:
             span = self.tracing.server_span(
@@ -275,8 +298,8 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
             span.finish(
                 route=call.full.lstrip("/"), status=status.name, error=status is not grpc.StatusCode.OK
             )
-        if self.recorder is not None:
-            self.recorder.grpc_done(call.kind, call.service, call.method, status.name, seconds)
+        if call.counters is not None:
+            call.counters.done(status.name, seconds)
         if self.access_log:
             self._log(request, response, call.metadata, call.full, status, seconds, span)
 
@@ -375,10 +398,57 @@ def _sequence_id(message: Any) -> str | None:
 class _Call:
     """What names one gRPC method, for its counts and log lines."""
 
-    __slots__ = ("full", "kind", "metadata", "method", "service")
+    __slots__ = ("counters", "full", "kind", "metadata", "method", "service")
 
-    def __init__(self, kind: str, service: str, method: str, full: str, metadata: dict[str, str]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        service: str,
+        method: str,
+        full: str,
+        metadata: dict[str, str],
+        counters: MethodCounters | None,
+    ) -> None:
         self.kind, self.service, self.method, self.full, self.metadata = kind, service, method, full, metadata
+        self.counters = counters
+
+
+class ObservedRegistration:
+    """Registers method handlers on a grpc.aio server as its ``add_generic_rpc_handlers`` and
+    ``add_registered_method_handlers`` do, each observed once (see :class:`ObservedGrpc`)."""
+
+    def __init__(self, server: grpc.aio.Server, observer: ObservedGrpc) -> None:
+        self.server = server
+        self.observer = observer
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.server.add_generic_rpc_handlers(tuple(_ObservedHandlers(h, self.observer) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, table: dict[str, grpc.RpcMethodHandler]) -> None:
+        observed = {name: self.observer.observed(h, f"/{service}/{name}") for name, h in table.items()}
+        self.server.add_registered_method_handlers(service, observed)
+
+
+class _ObservedHandlers(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no type stubs
+    """A generic handler whose method handlers are observed, each made once (by method name and
+    the handler it wraps)."""
+
+    def __init__(self, handlers: grpc.GenericRpcHandler, observer: ObservedGrpc) -> None:
+        self.handlers = handlers
+        self.observer = observer
+        self.made: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self.handlers.service(details)
+        if handler is None:
+            return None
+        made = self.made.get(details.method)
+        if made is not None and made[0] is handler:
+            return made[1]
+        observed = self.observer.observed(handler, details.method)
+        if len(self.made) < 1024:  # method names come from clients: a bounded set is kept
+            self.made[details.method] = (handler, observed)
+        return observed
 
 
 def _failure(exc: BaseException) -> grpc.StatusCode:

@@ -59,15 +59,29 @@ class ModelCounters:
         self.streams_cancelled = 0
 
 
+class MethodCounters:
+    """What the gRPC transport counts for one method: calls started, ended by status code, and
+    their durations."""
+
+    __slots__ = ("handled", "seconds", "started")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.handled: dict[str, int] = {}
+        self.seconds = Histogram()
+
+    def done(self, code: str, seconds: float) -> None:
+        self.handled[code] = self.handled.get(code, 0) + 1
+        self.seconds.observe(seconds)
+
+
 class Recorder:
     """The counts of one process. Only the event loop's thread writes them."""
 
     def __init__(self) -> None:
         self.models: dict[ModelKey, ModelCounters] = {}
         self.rest: dict[tuple[str, str, str], Histogram] = {}
-        self.grpc_started: dict[tuple[str, str, str], int] = {}
-        self.grpc_handled: dict[tuple[str, str, str, str], int] = {}
-        self.grpc_seconds: dict[tuple[str, str, str], Histogram] = {}
+        self.grpc: dict[tuple[str, str, str], MethodCounters] = {}
 
     def model(self, name: str, version: str | None) -> ModelCounters:
         key = (name, version or "")
@@ -83,18 +97,13 @@ class Recorder:
             histogram = self.rest[key] = Histogram()
         histogram.observe(seconds)
 
-    def grpc_start(self, kind: str, service: str, method: str) -> None:
+    def grpc_method(self, kind: str, service: str, method: str) -> MethodCounters:
+        """The counters of one gRPC method (``kind``: unary, bidi_stream), to keep and add to."""
         key = (kind, service, method)
-        self.grpc_started[key] = self.grpc_started.get(key, 0) + 1
-
-    def grpc_done(self, kind: str, service: str, method: str, code: str, seconds: float) -> None:
-        key = (kind, service, method)
-        handled = (*key, code)
-        self.grpc_handled[handled] = self.grpc_handled.get(handled, 0) + 1
-        histogram = self.grpc_seconds.get(key)
-        if histogram is None:
-            histogram = self.grpc_seconds[key] = Histogram()
-        histogram.observe(seconds)
+        counters = self.grpc.get(key)
+        if counters is None:
+            counters = self.grpc[key] = MethodCounters()
+        return counters
 
     def snapshot(self) -> dict[str, Any]:
         """Every count, as plain data that pickles and adds up (see :func:`merge`)."""
@@ -114,9 +123,11 @@ class Recorder:
                 for key, c in self.models.items()
             },
             "rest": {key: _histogram(h) for key, h in self.rest.items()},
-            "grpc_started": dict(self.grpc_started),
-            "grpc_handled": dict(self.grpc_handled),
-            "grpc_seconds": {key: _histogram(h) for key, h in self.grpc_seconds.items()},
+            "grpc_started": {key: c.started for key, c in self.grpc.items()},
+            "grpc_handled": {
+                (*key, code): n for key, c in self.grpc.items() for code, n in c.handled.items()
+            },
+            "grpc_seconds": {key: _histogram(c.seconds) for key, c in self.grpc.items() if c.handled},
         }
 
 

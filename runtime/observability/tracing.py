@@ -6,7 +6,9 @@ scheduling strategy, at the one place it calls the model (:func:`batch_span`): a
 request (from its arrival to the start of the model call that serves it, child of the request's
 span), one ``batch`` span per model call (a direct call, an adaptive batch, a sequence batch, a
 continuous batching step), linked to the span of every request in it, and the ``predict`` span of
-the model call as its child. Exported by OTLP to ``tracing_server`` or where the standard
+the model call as its child. A stream served by one call of the model's ``predict_stream`` (direct
+scheduling, or a streaming model under adaptive batching) gets the same spans around the whole
+call (:func:`direct_stream`). Exported by OTLP to ``tracing_server`` or where the standard
 ``OTEL_*`` variables say.
 """
 
@@ -18,13 +20,15 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from ..settings import Settings
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _active: Tracing | None = None
 """The tracing of the server running in this process (schedulers read it for batch spans)."""
@@ -131,18 +135,15 @@ class Tracing:
         attributes = {"model.name": model, "model.version": version or ""}
         return _Span(self, self.tracer.start_span(f"infer {model}", attributes=attributes))
 
-    @contextlib.contextmanager
-    def batch(
+    def _open(
         self,
         model: str,
         batch_id: int,
         callers: Sequence[Any],
         arrival: Callable[[Any], float | None],
-    ) -> Iterator[None]:
-        """Spans of one model call: each request's ``queue`` span, the ``batch`` span linking the
-        requests, and the model call's ``predict`` span. ``callers`` carry the ``context`` they were
-        queued in; ``arrival(caller)`` is when it was queued (``time.monotonic()``), or None for a
-        caller that waits no more (a stream of a continuous batch after its first step)."""
+    ) -> tuple[Any, Any]:
+        """Each request's ``queue`` span (ended now), and the ``batch`` and ``predict`` spans of the
+        model call starting now (to be ended by the caller); see :meth:`batch`."""
         trace = self._trace
         now_ns, now = time.time_ns(), time.monotonic()
         links = []
@@ -162,13 +163,60 @@ class Tracing:
             )
             queued.end(end_time=now_ns)
         attributes = {"model.name": model, "batch.id": batch_id, "batch.size": len(callers)}
-        with (
-            self.tracer.start_as_current_span(
-                "batch", context=self._context.Context(), links=links, attributes=attributes
-            ),
-            self.tracer.start_as_current_span("predict", attributes={"model.name": model}),
-        ):
+        batch = self.tracer.start_span(
+            "batch", context=self._context.Context(), links=links, attributes=attributes
+        )
+        predict = self.tracer.start_span(
+            "predict", context=trace.set_span_in_context(batch), attributes={"model.name": model}
+        )
+        return batch, predict
+
+    @contextlib.contextmanager
+    def batch(
+        self,
+        model: str,
+        batch_id: int,
+        callers: Sequence[Any],
+        arrival: Callable[[Any], float | None],
+    ) -> Iterator[None]:
+        """Spans of one model call: each request's ``queue`` span, the ``batch`` span linking the
+        requests, and the model call's ``predict`` span. ``callers`` carry the ``context`` they were
+        queued in; ``arrival(caller)`` is when it was queued (``time.monotonic()``), or None for a
+        caller that waits no more (a stream of a continuous batch after its first step)."""
+        batch, predict = self._open(model, batch_id, callers, arrival)
+        use = self._trace.use_span
+        with use(batch, end_on_exit=True), use(predict, end_on_exit=True):
             yield
+
+    async def stream(
+        self, model: str, call_id: int, caller: Here, responses: AsyncIterator[T]
+    ) -> AsyncIterator[T]:
+        """``responses`` (one call of a model's ``predict_stream``) with the spans of that model call
+        (see :meth:`batch`) around the whole stream; the ``predict`` span is current while the
+        model's generator runs, not while the consumer handles what it yielded."""
+        batch, predict = self._open(model, call_id, (caller,), _ARRIVAL)
+        current = self._trace.set_span_in_context(predict)
+        attach, detach = self._context.attach, self._context.detach
+        try:
+            async with contextlib.aclosing(responses):  # type: ignore[type-var]
+                while True:
+                    token = attach(current)
+                    try:
+                        response = await anext(responses)
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        detach(token)
+                    yield response
+        except Exception as exc:
+            status = self._trace.Status(self._trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+            for span in (predict, batch):
+                span.record_exception(exc)
+                span.set_status(status)
+            raise
+        finally:
+            predict.end()
+            batch.end()
 
 
 class _Span:
@@ -230,6 +278,15 @@ def direct_span(model: str, call_id: int, arrival: float) -> AbstractContextMana
     if _active is None:
         return _QUIET
     return _active.batch(model, call_id, (Here(arrival),), _ARRIVAL)
+
+
+def direct_stream(model: str, call_id: int, responses: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``responses``, a model's ``predict_stream`` called for the current stream alone (no batch),
+    traced as one model call (``queue``, ``batch`` and ``predict`` spans, as :func:`direct_span`)
+    when tracing is on; ``responses`` itself otherwise."""
+    if _active is None:
+        return responses
+    return _active.stream(model, call_id, Here(time.monotonic()), responses)
 
 
 class Here:

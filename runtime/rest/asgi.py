@@ -8,18 +8,21 @@ and ``path_params`` the router would have set (the access log and metrics label 
 them), and a failure is answered by the same handler Starlette would have picked (an unexpected
 one is also re-raised, as Starlette's ServerErrorMiddleware does, so that uvicorn logs it and
 closes the connection). Every other request, and an infer request under a ``root_path``, goes
-through Starlette as usual.
+through Starlette as usual. When the metrics alone watch requests, an infer request is counted here
+too (:meth:`RestApp.count_requests`), rather than through a wrapper around the whole app.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
@@ -42,6 +45,17 @@ class RestApp(Starlette):
         infer = [r for r in routes if isinstance(r, Route) and r.path.endswith(_SUFFIX)]
         self._endpoint, self._versioned_endpoint = infer[0].endpoint, infer[1].endpoint
         self._handled = {k: v for k, v in handlers.items() if k is not Exception}
+        self._count: Callable[[Scope, int, float], None] | None = None
+        self._other: ASGIApp = super().__call__
+
+    def count_requests(
+        self, count: Callable[[Scope, int, float], None], wrap: Callable[[ASGIApp], ASGIApp]
+    ) -> None:
+        """Count every request (the metrics alone: no access log, no traces): an infer request by
+        ``count(scope, status, seconds)`` once it is answered, here, with no wrapper around the hot
+        path; every other request through ``wrap(app)``."""
+        self._count = count
+        self._other = wrap(self._other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -62,25 +76,36 @@ class RestApp(Starlette):
                     scope["path_params"] = params
                     await self._infer(scope, receive, send)
                     return
-        await super().__call__(scope, receive, send)
+        await self._other(scope, receive, send)
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        count = self._count
+        began = time.perf_counter() if count is not None else 0.0
+        status = 500  # what the client gets when answering fails before the response starts
         try:
-            start, body = await self._api.answer(scope, receive)
-        except Exception as exc:
-            await self._failed(scope, receive, send, exc)
-            return
-        await send(start)
-        await send(body)
+            try:
+                start, body = await self._api.answer(scope, receive)
+            except Exception as exc:
+                status = await self._failed(scope, receive, send, exc)
+                return
+            status = start["status"]
+            await send(start)
+            await send(body)
+        finally:
+            if count is not None:
+                count(scope, status, time.perf_counter() - began)
 
-    async def _failed(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
-        """Answer ``exc`` as Starlette's two error middlewares would (nothing was sent yet)."""
+    async def _failed(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> int:
+        """Answer ``exc`` as Starlette's two error middlewares would (nothing was sent yet); return
+        the status sent."""
         request = Request(scope, receive, send)
         for cls in type(exc).__mro__:
             handler = self._handled.get(cls)
             if handler is not None:
-                await (await handler(request, exc))(scope, receive, send)
-                return
+                response = await handler(request, exc)
+                await response(scope, receive, send)
+                status: int = response.status_code
+                return status
         await (await _unexpected(request, exc))(scope, receive, send)
         raise exc
 

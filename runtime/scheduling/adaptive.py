@@ -49,7 +49,7 @@ from typing import Any
 
 from ..errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
 from ..model import MLModel
-from ..observability.tracing import batch_span
+from ..observability.tracing import batch_span, direct_stream
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from .batching import batch_shape, merge, split
@@ -151,7 +151,7 @@ class AdaptiveScheduler(Scheduler):
         """A streaming model streams as it would without batching; a unary model's requests,
         sent on a stream, are batched like any other."""
         if type(self.model).predict_stream is not MLModel.predict_stream:
-            return self.executor.open_stream(requests)
+            return direct_stream(self.name, next(self._batch_ids), self.executor.open_stream(requests))
         return self._each_batched(requests)
 
     async def _each_batched(

@@ -10,7 +10,7 @@ from contextlib import aclosing
 
 from ..errors import Overloaded
 from ..model import MLModel
-from ..observability.tracing import direct_span
+from ..observability.tracing import direct_span, direct_stream
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .scheduler import Scheduler
@@ -58,7 +58,10 @@ class DirectScheduler(Scheduler):
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         self._enter()
         try:
-            async with aclosing(self.executor.open_stream(requests)) as responses:  # type: ignore[type-var]
+            responses = direct_stream(
+                self.settings.name, next(self._calls), self.executor.open_stream(requests)
+            )
+            async with aclosing(responses):  # type: ignore[type-var]
                 async for response in responses:
                     yield response
         finally:

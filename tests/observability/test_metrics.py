@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from httpx_sse import aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,10 +64,15 @@ async def scrape(port: int) -> Samples:
     return parse(response.text)
 
 
-async def test_exact_counts_after_a_known_mix() -> None:
-    async with serving(*MODELS) as server:
+@pytest.mark.parametrize("access_log", [False, True], ids=["metrics-alone", "with-access-log"])
+async def test_exact_counts_after_a_known_mix(access_log: bool) -> None:
+    # metrics alone: the REST infer path counts itself and gRPC handlers are observed as registered;
+    # with the access log: the REST app is wrapped and gRPC has an interceptor. The counts are the same.
+    async with serving(*MODELS, access_log=access_log) as server:
+        assert bool(server.observability.grpc_interceptors()) is access_log
         base = f"http://127.0.0.1:{server.http_port}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            assert (await client.get("/v2/health/ready")).status_code == 200
             # REST: 3 echo successes, 2 failures of the model, 1 unknown model
             for _ in range(3):
                 assert (await client.post("/v2/models/echo/infer", json=ECHO)).status_code == 200
@@ -115,6 +121,8 @@ async def test_exact_counts_after_a_known_mix() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as missing:
                 await stub.ModelInfer(pb.ModelInferRequest(model_name="nowhere"))
             assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+            health = health_pb2_grpc.HealthStub(channel)
+            assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1  # SERVING
         samples = await scrape(server.metrics_port or 0)
 
     def model(name: str, family: str) -> float:
@@ -189,6 +197,11 @@ async def test_exact_counts_after_a_known_mix() -> None:
     assert value(samples, "grpc_server_handled_total", **rpc, grpc_code="OK") == 2
     assert value(samples, "grpc_server_handled_total", **rpc, grpc_code="NOT_FOUND") == 1
     assert value(samples, "grpc_server_handling_seconds_count", **rpc) == 3
+    check = {"grpc_type": "unary", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+    assert value(samples, "grpc_server_started_total", **check) == 1
+    assert value(samples, "grpc_server_handled_total", **check, grpc_code="OK") == 1
+    ready = {"method": "GET", "path": "/v2/health/ready", "status_code": "200"}
+    assert value(samples, "rest_server_requests_total", **ready) == 1
 
 
 async def test_continuous_batching_gauges() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import httpx
+import numpy as np
 import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra is not installed")
@@ -19,9 +20,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.model import MLModel
 from runtime.observability import tracing
 from runtime.observability.logging import JsonFormatter
 from runtime.settings import ModelSettings, Settings
+from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 from ..adaptive_helpers import body as rows_body
 from ..adaptive_helpers import row_settings
@@ -229,3 +232,82 @@ async def test_every_strategy_traces_its_queue_batch_and_model_call(
     assert queue.parent is not None and queue.parent.span_id == infer.context.span_id
     assert queue.start_time is not None and queue.end_time is not None
     assert queue.start_time <= queue.end_time
+
+
+class SpanCounter(MLModel):
+    """Streams 0, 1, ..., n-1 and notes the span current in its generator at each step."""
+
+    async def load(self) -> bool:
+        self.seen: list[int] = []
+        return True
+
+    async def predict_stream(
+        self, payloads: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        from opentelemetry import trace
+
+        async for payload in payloads:
+            for i in range(int(np.asarray(payload.inputs[0].data).reshape(-1)[0])):
+                self.seen.append(trace.get_current_span().get_span_context().span_id)
+                await asyncio.sleep(0)
+                yield InferenceResponse(
+                    model_name=self.name,
+                    outputs=[ResponseOutput(name="i", shape=[1], datatype="INT32", data=[i])],
+                )
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["direct", "adaptive"])
+async def test_a_stream_served_by_one_model_call_traces_its_queue_batch_and_model_call(
+    exporter: tuple[TracerProvider, InMemorySpanExporter], adaptive: bool
+) -> None:
+    provider, memory = exporter
+    settings = ModelSettings(name="counter", implementation=SpanCounter)
+    if adaptive:
+        settings = settings.model_copy(update={"max_batch_size": 4, "max_batch_time": 0.01})
+    document = {"inputs": [{"name": "n", "shape": [1], "datatype": "INT32", "data": [3]}]}
+    async with serving(settings, tracer_provider=provider) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            response = await client.post(
+                "/v2/models/counter/infer_stream", json=document, headers={"traceparent": TRACEPARENT}
+            )
+            assert response.status_code == 200, response.text
+            assert response.text.count("data:") == 3
+        model = server.registry.get("counter").model
+        assert isinstance(model, SpanCounter)
+        seen = model.seen
+    spans = memory.get_finished_spans()
+    (request,) = by_name(spans, "POST /v2/models/{model_name}/infer_stream")
+    assert _hex(request.context.trace_id) == TRACE_ID
+    (batch,) = by_name(spans, "batch")
+    assert [link.context.span_id for link in batch.links] == [request.context.span_id]
+    assert batch.attributes is not None and batch.attributes["batch.size"] == 1
+    (predict,) = by_name(spans, "predict")
+    assert predict.parent is not None and predict.parent.span_id == batch.context.span_id
+    assert seen == [predict.context.span_id] * 3  # the model runs in its predict span
+    (queue,) = by_name(spans, "queue")
+    assert queue.parent is not None and queue.parent.span_id == request.context.span_id
+    assert batch.start_time is not None and request.start_time is not None
+    assert request.start_time <= batch.start_time
+    assert predict.end_time is not None and request.end_time is not None
+    assert predict.end_time <= request.end_time  # the model call spans the whole stream
+
+
+async def test_a_failed_stream_marks_its_model_call_failed(
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, memory = exporter
+    settings = ModelSettings(name="words", implementation="tests.stream_models.Words")
+    document = {
+        "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a b c"]}],
+        "parameters": {"fail_after": 1},
+    }
+    async with serving(settings, tracer_provider=provider) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            response = await client.post("/v2/models/words/infer_stream", json=document)
+            assert "broke after 1 words" in response.text
+    spans = memory.get_finished_spans()
+    (predict,) = by_name(spans, "predict")
+    (batch,) = by_name(spans, "batch")
+    for span in (predict, batch):
+        assert not span.status.is_ok
+        assert [event.name for event in span.events] == ["exception"]
