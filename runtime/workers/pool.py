@@ -181,20 +181,26 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ dispatch
 
+    def least_busy(self) -> WorkerProcess | None:
+        """The ready worker with the least work (ties: the one that took work longest ago), if any."""
+        best: WorkerProcess | None = None
+        for worker in self.workers:
+            if worker.status != "READY" or not worker.alive:  # dead, not yet noticed
+                continue
+            if best is None or (worker.busy, self._last.get(worker.id, -1)) < (
+                best.busy,
+                self._last.get(best.id, -1),
+            ):
+                best = worker
+        if best is not None:
+            self._last[best.id] = next(self._turn)
+        return best
+
     async def pick(self) -> WorkerProcess:
         """The ready worker with the least work; waits while none is ready but one is starting."""
         while True:
-            best: WorkerProcess | None = None
-            for worker in self.workers:
-                if worker.status != "READY" or not worker.alive:  # dead, not yet noticed
-                    continue
-                if best is None or (worker.busy, self._last.get(worker.id, -1)) < (
-                    best.busy,
-                    self._last.get(best.id, -1),
-                ):
-                    best = worker
+            best = self.least_busy()
             if best is not None:
-                self._last[best.id] = next(self._turn)
                 return best
             if self._stopping or not (self.workers or self._tasks):
                 raise ModelNotReady(f"Model {self.name!r} has no worker running")
