@@ -30,7 +30,7 @@ from lru import LRU
 from ..errors import ModelNotReady, SequenceError
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .process import WorkerProcess
+from .process import WorkerProcess, WorkerStartTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,10 @@ class WorkerPool:
             self._stopping = True
             await asyncio.gather(*(w.stop(self.grace) for w in workers), return_exceptions=True)
             reasons = "; ".join(w.reason for w in workers if w.reason) or str(failures[0])
-            raise RuntimeError(f"its worker processes could not load it: {reasons}")
+            timed_out = any(isinstance(f, WorkerStartTimeout) for f in failures)
+            raise (WorkerStartTimeout if timed_out else RuntimeError)(
+                f"its worker processes could not load it: {reasons}"
+            )
         self._changed.set()
 
     def _new(self, worker_id: int | None = None) -> WorkerProcess:
@@ -103,7 +106,7 @@ class WorkerPool:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        everyone = self.workers + self.retiring
+        everyone = self.workers + self.retiring + list(self.fallen.values())  # fallen: maybe not reaped yet
         await asyncio.gather(*(w.stop(self.grace) for w in everyone), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._changed.set()
@@ -111,7 +114,7 @@ class WorkerPool:
     def kill(self) -> None:
         """End every worker process at once (the server is going away without a drain)."""
         self._stopping = True
-        for worker in self.workers + self.retiring:
+        for worker in self.workers + self.retiring + list(self.fallen.values()):
             worker.kill()
 
     @property
@@ -287,6 +290,7 @@ class WorkerPool:
             results = await asyncio.gather(*jobs, return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
+                self.target = len(self.workers)  # the workers that could not start are gone
                 raise errors[0]
         else:
             for job in jobs:

@@ -82,6 +82,10 @@ def _wake(future: asyncio.Future[None] | None) -> None:
         future.set_result(None)
 
 
+class WorkerStartTimeout(RuntimeError):
+    """A worker did not load its model within the model's ``worker_start_timeout``; it was killed."""
+
+
 def how_it_ended(returncode: int | None) -> str:
     """A process's end in words: ``killed by SIGKILL``, ``exited with code 3``."""
     if returncode is None:
@@ -169,7 +173,23 @@ class WorkerProcess:
         self._monitor = loop.create_task(self._watch(), name=f"worker-{self.name}-{self.id}")
         blob = pickle.dumps(self.settings, protocol=5)
         self._conn.send(("init", 0, (list(sys.path), blob, self.id)))
-        await self._ready
+        limit = self.settings.worker_start_timeout
+        try:
+            async with asyncio.timeout(limit):
+                await self._ready
+        except TimeoutError:
+            self.expected_exit = True  # not restarted by the pool: its starter fails
+            self.reason = (
+                f"Model {self.name!r}: worker {self.id} (pid {self.pid}) did not load the model within "
+                f"worker_start_timeout ({limit:g}s) and was killed"
+            )
+            logger.error("%s", self.reason)
+            self.kill()
+            raise WorkerStartTimeout(self.reason) from None
+        except BaseException:  # it could not load, or its starter gave up: it serves nobody
+            self.expected_exit = True
+            self.kill()
+            raise
         self.status = "READY"
         self.ready_at = time.time()
 

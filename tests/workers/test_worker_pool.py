@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -18,8 +19,10 @@ from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
-from runtime.workers import HeldState
+from runtime.workers import HeldState, WorkerStartTimeout
 from runtime.workers.connection import encode
+
+from ..sequencing import until
 
 pytestmark = pytest.mark.anyio
 
@@ -403,3 +406,42 @@ def test_requests_and_responses_cross_as_flat_fields_and_come_back_equal() -> No
     # a set field can still be set (the rebuilt models keep pydantic's bookkeeping)
     back.id = "other"
     assert back.id == "other" and "id" in back.model_fields_set
+
+
+async def test_a_worker_that_does_not_load_in_time_is_killed_and_the_start_fails() -> None:
+    executor = WorkerExecutor(
+        ModelSettings(
+            name="stuck", implementation="tests.worker_models.BlockingLoad", worker_start_timeout=1
+        ),
+        1,
+    )
+    began = time.monotonic()
+    with pytest.raises(WorkerStartTimeout) as raised:
+        await executor.start()
+    assert time.monotonic() - began < 30
+    message = str(raised.value)
+    assert "'stuck'" in message and "worker 1" in message and "worker_start_timeout (1s)" in message
+    (worker,) = executor.pool.workers
+    assert worker.returncode == -signal.SIGKILL and not worker.alive  # killed, and reaped
+
+
+async def test_a_restart_that_does_not_load_in_time_fails_and_says_why(tmp_path: Path) -> None:
+    settings_ = ModelSettings(
+        name="stuck",
+        implementation="tests.worker_models.BlockingLoad",
+        parameters=ModelParameters(extra={"marker": str(tmp_path / "loaded")}),
+    )
+    executor = WorkerExecutor(settings_, 1)
+    await executor.start()  # the first load goes through (with the default timeout)
+    try:
+        executor.pool.settings.worker_start_timeout = 1.5  # what its workers are started with
+        (first,) = executor.pool.workers
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)
+        # the restarted worker blocks in load: it is killed after worker_start_timeout, and says so
+        await until(lambda: "worker_start_timeout" in executor.pool.fallen.get(first.id, first).reason, 30)
+        reason = executor.pool.fallen[first.id].reason
+        assert "'stuck'" in reason and f"worker {first.id}" in reason and "(1.5s)" in reason
+        assert not executor.ready
+    finally:
+        await executor.stop()

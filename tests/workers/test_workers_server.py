@@ -89,6 +89,26 @@ async def test_parallel_workers_is_the_default_for_every_model() -> None:
         assert len(executor(server, "echo").describe()) == 1
 
 
+async def test_a_model_whose_workers_do_not_load_in_time_fails_alone() -> None:
+    stuck = model("BlockingLoad", "stuck", workers=1, worker_start_timeout=1)
+    async with serving(stuck, model("Echo", "echo", workers=1)) as server:
+        async with clients(server) as (oip, admin):
+            index = (await oip.post("/v2/repository/index", json={})).json()
+            (entry,) = [e for e in index if e["name"] == "stuck"]
+            assert entry["state"] == "UNAVAILABLE"
+            assert "'stuck'" in entry["reason"] and "worker 1" in entry["reason"]
+            assert "worker_start_timeout (1s)" in entry["reason"]
+            assert (await oip.get("/v2/models/stuck/ready")).status_code != 200
+            assert (await oip.get("/v2/models/echo/ready")).status_code == 200
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) != os.getpid()
+            # scaling a model up with workers that do not load in time fails the same way
+            echo = executor(server, "echo")
+            echo.pool.settings.worker_start_timeout = 0.001
+            scaled = await admin.put("/models/echo?min_worker=2&synchronous=true")
+            assert scaled.status_code >= 400 and "worker_start_timeout" in scaled.text, scaled.text
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) != os.getpid()
+
+
 async def test_64_sequences_on_2_workers_keep_their_sums_and_their_worker() -> None:
     settings = model("RunningSum", "sum", sequence_batching=True, max_batch_size=8, max_batch_time=0.002)
     async with serving(settings) as server:
