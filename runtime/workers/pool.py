@@ -66,6 +66,9 @@ class WorkerPool:
         """Open sequence key → the worker holding its state."""
         self.lost: LRU[str, str] = LRU(LOST_MEMORY)
         """Lost sequence key → why (how its worker died)."""
+        self.ended: LRU[str, WorkerProcess] = LRU(LOST_MEMORY)
+        """Sequences that recently ended inside their worker → that worker (which remembers why:
+        their next request goes there to hear it)."""
         self.restarts = 0
         self._ids = itertools.count(1)
         self._turn = itertools.count()
@@ -97,7 +100,7 @@ class WorkerPool:
         self._changed.set()
 
     def _new(self, worker_id: int | None = None) -> WorkerProcess:
-        worker = WorkerProcess(self.settings, worker_id or next(self._ids), self._on_exit)
+        worker = WorkerProcess(self.settings, worker_id or next(self._ids), self._on_exit, self._on_ended)
         self.workers.append(worker)
         return worker
 
@@ -159,6 +162,12 @@ class WorkerPool:
         self._spawn_task(self._restart(worker.id, self._backoff if young else 0.0))
         self._changed.set()
 
+    def _on_ended(self, worker: WorkerProcess, key: str) -> None:
+        """A sequence ended inside ``worker`` (its own batcher ended it): forget that it holds it."""
+        if self.owners.get(key) is worker:
+            self.release(key)
+            self.ended[key] = worker
+
     async def _restart(self, worker_id: int, delay: float) -> None:
         if delay:
             await asyncio.sleep(delay)
@@ -210,6 +219,24 @@ class WorkerPool:
             self._changed.clear()
             await self._changed.wait()
 
+    def route(self, key: str, start: bool) -> tuple[WorkerProcess, bool]:
+        """The worker for a request of sequence ``key`` whose batcher runs in the workers, and
+        whether the request may open the sequence there (only a START does: its answer adopts it).
+
+        An open sequence's worker; for a START of a new one, the worker with the fewest; a later
+        request of a sequence that ended in its worker goes to that worker, which says why it
+        ended (without adopting it again); one of a lost sequence is refused (``owner``)."""
+        worker = self.owners.get(key)
+        if worker is not None:
+            return worker, start
+        if not start:
+            recent = self.ended.get(key)
+            if recent is not None and recent.alive and key not in self.lost:
+                return recent, False
+            if key not in self.lost:
+                return self.newcomer(), False  # it will say that the sequence is not open
+        return self.owner(key, start), start
+
     def owner(self, key: str, start: bool) -> WorkerProcess:
         """The worker that holds sequence ``key`` (a new one for a new sequence).
 
@@ -240,6 +267,7 @@ class WorkerPool:
         if key in self.owners or not worker.alive:
             return
         self.lost.pop(key, None)
+        self.ended.pop(key, None)
         self.owners[key] = worker
         worker.sequences.add(key)
 

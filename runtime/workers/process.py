@@ -114,10 +114,13 @@ class WorkerProcess:
         settings: ModelSettings,
         worker_id: int,
         on_exit: Callable[[WorkerProcess], None],
+        on_ended: Callable[[WorkerProcess, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.id = worker_id
         self.on_exit = on_exit
+        self.on_ended = on_ended
+        """Told of each sequence that ended in the process's own batcher (continuous batching)."""
         self.status: Status = "STARTING"
         self.pid: int | None = None
         self.started_at = time.time()
@@ -293,7 +296,10 @@ class WorkerProcess:
             self._finished(ident, kind, payload)
 
     def _on_control(self, kind: str, payload: Any) -> None:
-        if kind == "ready":
+        if kind == "ended":
+            if self.on_ended is not None:
+                self.on_ended(self, payload)
+        elif kind == "ready":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(None)
         elif kind == "failed":
