@@ -67,10 +67,9 @@ def _plain(array: Any) -> bool:
 
 
 def _raw(array: np.ndarray) -> Any:
-    """An array's memory as it travels: a ``PickleBuffer``, out of band from ``DIRECT`` bytes up
-    (written as it is), else inside the pickle (cheaper than a buffer of its own; a writable one
-    comes back as a ``bytearray``, which the array takes as it is)."""
-    return pickle.PickleBuffer(array)  # type: ignore[arg-type]
+    """An array's memory as it travels: out of band from ``DIRECT`` bytes up (a ``PickleBuffer``,
+    written as it is), else as bytes inside the pickle (cheaper than a buffer of its own)."""
+    return pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
 
 
 def _reduce_array(array: np.ndarray) -> Any:
@@ -216,16 +215,8 @@ class Encoder:
     def __init__(self) -> None:
         self._out = io.BytesIO()
         self._buffers: list[pickle.PickleBuffer] = []
-        self._pickler = pickle.Pickler(self._out, protocol=5, buffer_callback=self._out_of_band)
+        self._pickler = pickle.Pickler(self._out, protocol=5, buffer_callback=self._buffers.append)
         self._pickler.dispatch_table = _TABLE  # type: ignore[assignment]
-
-    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
-        """Whether ``buffer`` stays in the pickle (under ``DIRECT`` bytes); else it goes out of band."""
-        with buffer.raw() as raw:
-            if raw.nbytes < DIRECT:
-                return True
-        self._buffers.append(buffer)
-        return False
 
     def encode(self, message: Any) -> list[bytes | memoryview]:
         """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
