@@ -252,7 +252,12 @@ class Registry:
         """
         executor = entry.workers
         if workers >= 1 and executor is not None:
-            await executor.scale(workers)
+            try:
+                await executor.scale(workers)
+            except Exception as exc:  # a new worker could not load the model (it is gone again)
+                raise ModelFailed(
+                    f"Model {entry.name!r} could not scale to {workers} workers: {exc}"
+                ) from exc
             entry.settings.workers = workers
             return
         source = entry.settings._source

@@ -369,6 +369,11 @@ class ModelSettings(BaseSettings):
     dies is restarted; only the requests it held fail (503). Unset: the server's
     ``parallel_workers``."""
 
+    worker_start_timeout: float = Field(default=120.0, gt=0)
+    """Seconds a worker process gets to load its copy of the model (at load, at a restart, when
+    scaling up). One that has not loaded by then is killed, and the load, restart or scaling fails
+    with an error that names the model, the worker and this timeout."""
+
     # ---- sequence batching (stateful models); see runtime.sequences
 
     sequence_batching: bool = False

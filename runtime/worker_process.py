@@ -32,6 +32,7 @@ from typing import Any
 from .model import MLModel
 from .repository import import_model_class
 from .scheduling import make_scheduler
+from .scheduling.continuous_batching import ContinuousScheduler
 from .scheduling.executor import InProcessExecutor
 from .scheduling.scheduler import RequestFailed, Scheduler
 from .sequences.sequence_model import SequenceModel, SequenceStep
@@ -210,8 +211,16 @@ class Worker:
         if settings.continuous_batching:
             # the worker runs the model's continuous batcher; the server sends it whole requests
             self.scheduler = make_scheduler(model, settings.model_copy(update={"workers": 0}))
+            scheduler = self.scheduler
+            if isinstance(scheduler, ContinuousScheduler) and scheduler.sequences is not None:
+                # its batcher ends sequences by itself (idle, lifetime): the server hears of each
+                scheduler.sequences.engine.on_end.append(self._sequence_gone)
             await self.scheduler.start()
         self._send(("ready", 0, os.getpid()))
+
+    def _sequence_gone(self, key: str, reason: str) -> None:
+        """A sequence ended here (whatever ended it): the server forgets that this worker holds it."""
+        self._send(("ended", 0, key))
 
     async def _stop(self) -> None:
         others = [t for t in self.tasks.values() if t is not asyncio.current_task()]

@@ -154,3 +154,20 @@ class SlowUnload(MLModel):
             with Path(extra["unloaded"]).open("a") as f:  # noqa: ASYNC230 - a test model, one line
                 f.write(f"{os.getpid()}\n")
         return True
+
+
+class BlockingLoad(MLModel):
+    """Its load blocks (the worker's whole event loop with it): always, or, with
+    ``parameters.extra.marker`` (a file path), from the second load on (a restart)."""
+
+    async def load(self) -> bool:
+        extra = self.settings.parameters.extra if self.settings.parameters else {}
+        marker = extra.get("marker")
+        if marker and not Path(marker).exists():  # noqa: ASYNC240 - a test model, once
+            Path(marker).write_text(str(os.getpid()))  # noqa: ASYNC240
+            return True
+        time.sleep(3600)  # noqa: ASYNC251 - blocking the worker's event loop is the point
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        return InferenceResponse(model_name=self.name, outputs=[pid_output()])

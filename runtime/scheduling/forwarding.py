@@ -22,6 +22,9 @@ from ..workers import WorkerProcess
 from .scheduler import RequestFailed, Scheduler
 from .worker_executor import WorkerExecutor
 
+GENERATED = ""
+"""As the sequence a request opens: a START without an id (its answer names the id the worker made)."""
+
 
 class ForwardingScheduler(Scheduler):
     """Forwards requests and streams to the workers, whose own batchers serve them."""
@@ -33,33 +36,37 @@ class ForwardingScheduler(Scheduler):
     async def stop(self) -> None:
         """The workers' batchers finish their work when the workers drain (``WorkerExecutor.stop``)."""
 
-    async def _route(self, request: InferenceRequest) -> tuple[WorkerProcess, str | None]:
-        """The worker for ``request``, and the sequence key it ends (None if it ends none)."""
+    async def _route(self, request: InferenceRequest) -> tuple[WorkerProcess, str | None, str | None]:
+        """The worker for ``request``; the sequence its answer may adopt (a START's key, or
+        ``GENERATED`` for a START whose id the worker makes; None for any other request); the
+        sequence it ends (None if it ends none)."""
         pool = self.workers.pool
         control = parse_control(request.parameters) if self.settings.sequence_batching else None
         if control is None:
-            return await pool.pick(), None
+            return await pool.pick(), None, None
         if control.generated:
-            return pool.newcomer(), None
-        worker = pool.owner(control.key, control.start)
-        return worker, control.key if control.end else None
+            return pool.newcomer(), GENERATED, None
+        worker, opens = pool.route(control.key, control.start)
+        return worker, control.key if opens else None, control.key if control.end else None
 
-    def _settle(self, worker: WorkerProcess, response: Any, ends: str | None) -> None:
-        """After an answer: remember a sequence the worker named itself; forget one that ended."""
+    def _settle(self, worker: WorkerProcess, response: Any, opens: str | None, ends: str | None) -> None:
+        """After an answer: remember the sequence a START opened (or the id the worker made for it);
+        forget one that ended. Only a START's answer adopts a sequence: the answer to any other
+        request may come after the worker said that its sequence ended (an idle timeout)."""
         pool = self.workers.pool
         params = response.parameters if isinstance(response, InferenceResponse) else None
         extra = params.model_extra if params is not None else None
         if extra and extra.get("sequence_end"):
             pool.release(str(extra.get(ID)))
-        elif extra and ID in extra and self.settings.sequence_batching:
+        elif extra and ID in extra and opens is not None:
             pool.adopt(str(extra[ID]), worker)
         if ends is not None:
             pool.release(ends)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        worker, ends = await self._route(request)
+        worker, opens, ends = await self._route(request)
         response: InferenceResponse = await worker.call("call", request)
-        self._settle(worker, response, ends)
+        self._settle(worker, response, opens, ends)
         return response
 
     async def stream(
@@ -68,15 +75,31 @@ class ForwardingScheduler(Scheduler):
         first = await anext(aiter(requests), None)
         if first is None:
             return
-        worker, _ = await self._route(first)
+        worker, _, _ = await self._route(first)
+        opening: list[str] = []
+        """The STARTs sent on the stream whose answers have not come back, in order (their keys,
+        ``GENERATED`` for a server-made id)."""
+
+        def note(request: InferenceRequest) -> InferenceRequest:
+            control = parse_control(request.parameters) if self.settings.sequence_batching else None
+            if control is not None and (control.start or control.generated):
+                opening.append(GENERATED if control.generated else control.key)
+            return request
 
         async def again() -> AsyncIterator[InferenceRequest]:
-            yield first
+            yield note(first)
             async for request in requests:
-                yield request
+                yield note(request)
 
         async for response in worker.stream(again()):
-            self._settle(worker, response, None)
+            opens: str | None = None
+            params = response.parameters if isinstance(response, InferenceResponse) else None
+            named = (params.model_extra or {}).get(ID) if params is not None else None
+            key = None if named is None else str(named)
+            if key is not None and opening and (key in opening or GENERATED in opening):
+                opens = key
+                opening.remove(key if key in opening else GENERATED)
+            self._settle(worker, response, opens, None)
             yield response
 
     def describe(self) -> dict[str, Any]:

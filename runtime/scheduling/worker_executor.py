@@ -49,7 +49,10 @@ class WorkerExecutor(Executor):
         return self.pool.ready
 
     async def call_predict(self, request: InferenceRequest) -> InferenceResponse:
-        return await self.pool.call(request)
+        pool = self.pool
+        worker = pool.least_busy() or await pool.pick()
+        response: InferenceResponse = await worker.call("call", request)
+        return response
 
     def open_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         return self.pool.stream(requests)

@@ -108,6 +108,9 @@ class SequenceEngine:
         self.life_s = settings.sequence_timeout_ms / 1000
         self.strategy = strategy
         self._ended = ended
+        self.on_end: list[Callable[[str, EndReason], None]] = []
+        """Told (without awaiting) of every ending, after the model: e.g. a worker process tells its
+        server, which keeps which worker holds which open sequence."""
         self._notices: deque[tuple[str, EndReason]] = deque()
         self._arrivals = itertools.count()
 
@@ -364,6 +367,8 @@ class SequenceEngine:
             await self._ended(key, reason, state)
         except Exception:
             logger.exception("Model %r failed in sequence_ended(%r, %r)", self.name, key, reason)
+        for listener in self.on_end:
+            listener(key, reason)
 
     async def deliver_notices(self) -> None:
         """Tell the model of the endings decided outside the worker (timers, cancellations)."""

@@ -8,6 +8,6 @@ is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``messages`` (
 
 from .messages import HeldState
 from .pool import WorkerPool
-from .process import WorkerProcess
+from .process import WorkerProcess, WorkerStartTimeout
 
-__all__ = ["HeldState", "WorkerPool", "WorkerProcess"]
+__all__ = ["HeldState", "WorkerPool", "WorkerProcess", "WorkerStartTimeout"]

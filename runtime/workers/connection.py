@@ -26,6 +26,16 @@ from typing import Any, Final
 
 import numpy as np
 
+from ..types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    RequestInput,
+    RequestOutput,
+    ResponseOutput,
+)
+
 HEAD: Final = struct.Struct("<II")
 STAGING: Final = 256 * 1024
 """Size of the staging buffer small messages are read through."""
@@ -34,40 +44,208 @@ DIRECT: Final = 64 * 1024
 
 Message = tuple[str, int, Any]
 
+_set = object.__setattr__
+_DATATYPES: Final[dict[Any, Any]] = dict(Datatype._value2member_map_)
+
 
 def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """An array on ``data`` (writable, as the array that was sent)."""
-    if isinstance(data, bytes):
+    if type(data) is bytes:
         data = bytearray(data)
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    array = np.frombuffer(data, dtype=dtype)
+    return array if len(shape) == 1 and shape[0] == len(array) else array.reshape(shape)
+
+
+def _plain(array: Any) -> bool:
+    """Whether ``array`` is a C-contiguous numpy array of plain numbers (it travels as raw bytes)."""
+    return (
+        type(array) is np.ndarray
+        and not array.dtype.hasobject
+        and array.dtype.fields is None
+        and array.flags.c_contiguous
+    )
+
+
+def _raw(array: np.ndarray) -> Any:
+    """An array's memory as it travels: out of band from ``DIRECT`` bytes up (a ``PickleBuffer``,
+    written as it is), else as bytes inside the pickle (cheaper than a buffer of its own)."""
+    return pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
 
 
 def _reduce_array(array: np.ndarray) -> Any:
-    """Arrays of plain numbers travel as their raw bytes: out of band from ``DIRECT`` bytes up
-    (their memory written as it is), in the pickle below (cheaper than a buffer of their own)."""
-    if array.dtype.hasobject or array.dtype.fields is not None or not array.flags.c_contiguous:
+    """Arrays of plain numbers travel as their raw bytes (``_raw``); others as numpy pickles them."""
+    if not _plain(array):
         return array.__reduce_ex__(5)
-    if array.nbytes >= DIRECT:
-        return _array, (pickle.PickleBuffer(array), array.dtype.str, array.shape)  # type: ignore[arg-type]
-    return _array, (array.tobytes(), array.dtype.str, array.shape)
+    return _array, (_raw(array), array.dtype.str, array.shape)
 
 
-_TABLE = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
+# Requests and responses cross as flat tuples of their fields, not as pydantic pickles (which name
+# every class, call __getstate__ per model and __setstate__ on the other side): one function rebuilds
+# the whole message without validation, as pydantic's own unpickling does, and each tensor's data
+# travels as (dtype, shape, raw bytes or out-of-band buffer). Subclasses pickle as usual.
+
+
+def _build(cls: Any, values: dict[str, Any], fields_set: set[str], extra: Any = None) -> Any:
+    model = cls.__new__(cls)
+    _set(model, "__dict__", values)
+    _set(model, "__pydantic_fields_set__", fields_set)
+    _set(model, "__pydantic_extra__", extra)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
+def _flat_parameters(parameters: Any) -> Any:
+    if type(parameters) is not Parameters:
+        return parameters  # None, or a subclass that pickles as usual
+    return (parameters.__dict__, parameters.__pydantic_extra__, parameters.__pydantic_fields_set__)
+
+
+def _parameters(flat: Any) -> Any:
+    if type(flat) is not tuple:
+        return flat
+    values, extra, fields_set = flat
+    return _build(Parameters, values, fields_set, extra)
+
+
+def _flat_tensor(tensor: Any) -> Any:
+    """A RequestInput or ResponseOutput as ``(name, shape, datatype, parameters, data, is_array)``."""
+    if type(tensor) not in _TENSORS:
+        return tensor
+    values = tensor.__dict__
+    datatype = values["datatype"]
+    data = values["data"]
+    if _plain(data):
+        data, is_array = (data.dtype.str, data.shape, _raw(data)), True
+    else:
+        is_array = False
+    return (
+        values["name"],
+        values["shape"],
+        datatype.value if type(datatype) is Datatype else datatype,
+        _flat_parameters(values["parameters"]),
+        data,
+        is_array,
+    )
+
+
+def _tensor(cls: type[Any], flat: Any) -> Any:
+    if type(flat) is not tuple:
+        return flat
+    name, shape, datatype, parameters, data, is_array = flat
+    if is_array:
+        data = _array(data[2], data[0], data[1])
+    values = {
+        "name": name,
+        "shape": shape,
+        "datatype": _DATATYPES.get(datatype, datatype),
+        "parameters": _parameters(parameters),
+        "data": data,
+    }
+    return _build(cls, values, {"name", "shape", "datatype", "parameters", "data"})
+
+
+def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> InferenceRequest:
+    values = {
+        "id": id_,
+        "parameters": _parameters(parameters),
+        "inputs": [_tensor(RequestInput, t) for t in inputs],
+        "outputs": None
+        if outputs is None
+        else [
+            _build(RequestOutput, {"name": o[0], "parameters": _parameters(o[1])}, {"name", "parameters"})
+            if type(o) is tuple
+            else o
+            for o in outputs
+        ],
+    }
+    request: InferenceRequest = _build(InferenceRequest, values, {"id", "parameters", "inputs", "outputs"})
+    return request
+
+
+def _reduce_request(request: InferenceRequest) -> Any:
+    values = request.__dict__
+    outputs = values["outputs"]
+    return _request, (
+        values["id"],
+        _flat_parameters(values["parameters"]),
+        [_flat_tensor(t) for t in values["inputs"]],
+        None
+        if outputs is None
+        else [(o.name, _flat_parameters(o.parameters)) if type(o) is RequestOutput else o for o in outputs],
+    )
+
+
+def _response(
+    model_name: Any, model_version: Any, id_: Any, parameters: Any, outputs: list[Any]
+) -> InferenceResponse:
+    values = {
+        "model_name": model_name,
+        "model_version": model_version,
+        "id": id_,
+        "parameters": _parameters(parameters),
+        "outputs": [_tensor(ResponseOutput, t) for t in outputs],
+    }
+    response: InferenceResponse = _build(InferenceResponse, values, set(values))
+    return response
+
+
+def _reduce_response(response: InferenceResponse) -> Any:
+    values = response.__dict__
+    return _response, (
+        values["model_name"],
+        values["model_version"],
+        values["id"],
+        _flat_parameters(values["parameters"]),
+        [_flat_tensor(t) for t in values["outputs"]],
+    )
+
+
+_TENSORS: Final = frozenset({RequestInput, ResponseOutput})
+_TABLE = {
+    **copyreg.dispatch_table,
+    np.ndarray: _reduce_array,
+    InferenceRequest: _reduce_request,
+    InferenceResponse: _reduce_response,
+}
+
+
+class Encoder:
+    """Pickles messages with one reused pickler (protocol 5, out-of-band buffers)."""
+
+    def __init__(self) -> None:
+        self._out = io.BytesIO()
+        self._buffers: list[pickle.PickleBuffer] = []
+        self._pickler = pickle.Pickler(self._out, protocol=5, buffer_callback=self._buffers.append)
+        self._pickler.dispatch_table = _TABLE  # type: ignore[assignment]
+
+    def encode(self, message: Any) -> list[bytes | memoryview]:
+        """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
+        out, buffers = self._out, self._buffers
+        out.write(_NO_HEAD)
+        try:
+            self._pickler.dump(message)
+            if not buffers:
+                size = out.tell() - HEAD.size
+                with out.getbuffer() as view:
+                    HEAD.pack_into(view, 0, size, 0)
+                return [out.getvalue()]
+            body = out.getbuffer()[HEAD.size :].tobytes()
+            raws = [buffer.raw() for buffer in buffers]
+        finally:
+            out.seek(0)
+            out.truncate()
+            buffers.clear()
+            self._pickler.clear_memo()
+        lengths = struct.pack(f"<{len(raws)}Q", *(raw.nbytes for raw in raws))
+        return [HEAD.pack(len(body), len(raws)) + lengths + body, *raws]
+
+
+_NO_HEAD: Final = bytes(HEAD.size)
 
 
 def encode(message: Any) -> list[bytes | memoryview]:
-    """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
-    pickler.dispatch_table = _TABLE
-    pickler.dump(message)
-    body = out.getvalue()
-    if not buffers:
-        return [HEAD.pack(len(body), 0) + body]
-    raws = [buffer.raw() for buffer in buffers]
-    lengths = struct.pack(f"<{len(raws)}Q", *(raw.nbytes for raw in raws))
-    return [HEAD.pack(len(body), len(raws)) + lengths + body, *raws]
+    """The pieces to write for one message (see ``Encoder``)."""
+    return Encoder().encode(message)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -95,6 +273,7 @@ class Connection(asyncio.BufferedProtocol):
         self._drained: asyncio.Future[None] | None = None
         self._pending: list[bytes | memoryview] = []
         self._flush_soon = False
+        self._encoder = Encoder()
         self.gone = asyncio.Event()
         """Set once the connection is closed (after what was written has gone out)."""
 
@@ -108,7 +287,7 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or self.closed:
             raise ConnectionResetError("the worker connection is closed")
-        pieces = encode(message)
+        pieces = self._encoder.encode(message)
         if len(pieces) == 1 and len(pieces[0]) < DIRECT:
             self._pending.append(pieces[0])
             if now:

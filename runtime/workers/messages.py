@@ -19,6 +19,8 @@ Worker → server:
 - ``chunk``                  one response of a stream; ``end`` (final) after the last one
 - ``gone``                   a cancelled call or stream has left the model (final)
 - ``ack``                    the model has taken ``payload`` more requests of a stream
+- ``ended``                  (id 0) the sequence ``payload`` ended in the worker's own batcher
+                             (continuous batching: an END, idle or lifetime timeout, ...)
 
 Every call and stream gets exactly one final message, so the server knows how busy a worker is
 even after a caller gave up (a thread that cannot be interrupted still occupies the worker).

@@ -30,7 +30,7 @@ from lru import LRU
 from ..errors import ModelNotReady, SequenceError
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .process import WorkerProcess
+from .process import WorkerProcess, WorkerStartTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ class WorkerPool:
         """Open sequence key → the worker holding its state."""
         self.lost: LRU[str, str] = LRU(LOST_MEMORY)
         """Lost sequence key → why (how its worker died)."""
+        self.ended: LRU[str, WorkerProcess] = LRU(LOST_MEMORY)
+        """Sequences that recently ended inside their worker → that worker (which remembers why:
+        their next request goes there to hear it)."""
         self.restarts = 0
         self._ids = itertools.count(1)
         self._turn = itertools.count()
@@ -90,11 +93,14 @@ class WorkerPool:
             self._stopping = True
             await asyncio.gather(*(w.stop(self.grace) for w in workers), return_exceptions=True)
             reasons = "; ".join(w.reason for w in workers if w.reason) or str(failures[0])
-            raise RuntimeError(f"its worker processes could not load it: {reasons}")
+            timed_out = any(isinstance(f, WorkerStartTimeout) for f in failures)
+            raise (WorkerStartTimeout if timed_out else RuntimeError)(
+                f"its worker processes could not load it: {reasons}"
+            )
         self._changed.set()
 
     def _new(self, worker_id: int | None = None) -> WorkerProcess:
-        worker = WorkerProcess(self.settings, worker_id or next(self._ids), self._on_exit)
+        worker = WorkerProcess(self.settings, worker_id or next(self._ids), self._on_exit, self._on_ended)
         self.workers.append(worker)
         return worker
 
@@ -103,7 +109,7 @@ class WorkerPool:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        everyone = self.workers + self.retiring
+        everyone = self.workers + self.retiring + list(self.fallen.values())  # fallen: maybe not reaped yet
         await asyncio.gather(*(w.stop(self.grace) for w in everyone), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._changed.set()
@@ -111,7 +117,7 @@ class WorkerPool:
     def kill(self) -> None:
         """End every worker process at once (the server is going away without a drain)."""
         self._stopping = True
-        for worker in self.workers + self.retiring:
+        for worker in self.workers + self.retiring + list(self.fallen.values()):
             worker.kill()
 
     @property
@@ -156,6 +162,12 @@ class WorkerPool:
         self._spawn_task(self._restart(worker.id, self._backoff if young else 0.0))
         self._changed.set()
 
+    def _on_ended(self, worker: WorkerProcess, key: str) -> None:
+        """A sequence ended inside ``worker`` (its own batcher ended it): forget that it holds it."""
+        if self.owners.get(key) is worker:
+            self.release(key)
+            self.ended[key] = worker
+
     async def _restart(self, worker_id: int, delay: float) -> None:
         if delay:
             await asyncio.sleep(delay)
@@ -181,25 +193,49 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ dispatch
 
+    def least_busy(self) -> WorkerProcess | None:
+        """The ready worker with the least work (ties: the one that took work longest ago), if any."""
+        best: WorkerProcess | None = None
+        for worker in self.workers:
+            if worker.status != "READY" or not worker.alive:  # dead, not yet noticed
+                continue
+            if best is None or (worker.busy, self._last.get(worker.id, -1)) < (
+                best.busy,
+                self._last.get(best.id, -1),
+            ):
+                best = worker
+        if best is not None:
+            self._last[best.id] = next(self._turn)
+        return best
+
     async def pick(self) -> WorkerProcess:
         """The ready worker with the least work; waits while none is ready but one is starting."""
         while True:
-            best: WorkerProcess | None = None
-            for worker in self.workers:
-                if worker.status != "READY" or not worker.alive:  # dead, not yet noticed
-                    continue
-                if best is None or (worker.busy, self._last.get(worker.id, -1)) < (
-                    best.busy,
-                    self._last.get(best.id, -1),
-                ):
-                    best = worker
+            best = self.least_busy()
             if best is not None:
-                self._last[best.id] = next(self._turn)
                 return best
             if self._stopping or not (self.workers or self._tasks):
                 raise ModelNotReady(f"Model {self.name!r} has no worker running")
             self._changed.clear()
             await self._changed.wait()
+
+    def route(self, key: str, start: bool) -> tuple[WorkerProcess, bool]:
+        """The worker for a request of sequence ``key`` whose batcher runs in the workers, and
+        whether the request may open the sequence there (only a START does: its answer adopts it).
+
+        An open sequence's worker; for a START of a new one, the worker with the fewest; a later
+        request of a sequence that ended in its worker goes to that worker, which says why it
+        ended (without adopting it again); one of a lost sequence is refused (``owner``)."""
+        worker = self.owners.get(key)
+        if worker is not None:
+            return worker, start
+        if not start:
+            recent = self.ended.get(key)
+            if recent is not None and recent.alive and key not in self.lost:
+                return recent, False
+            if key not in self.lost:
+                return self.newcomer(), False  # it will say that the sequence is not open
+        return self.owner(key, start), start
 
     def owner(self, key: str, start: bool) -> WorkerProcess:
         """The worker that holds sequence ``key`` (a new one for a new sequence).
@@ -231,6 +267,7 @@ class WorkerPool:
         if key in self.owners or not worker.alive:
             return
         self.lost.pop(key, None)
+        self.ended.pop(key, None)
         self.owners[key] = worker
         worker.sequences.add(key)
 
@@ -281,6 +318,7 @@ class WorkerPool:
             results = await asyncio.gather(*jobs, return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
+                self.target = len(self.workers)  # the workers that could not start are gone
                 raise errors[0]
         else:
             for job in jobs:

@@ -82,6 +82,10 @@ def _wake(future: asyncio.Future[None] | None) -> None:
         future.set_result(None)
 
 
+class WorkerStartTimeout(RuntimeError):
+    """A worker did not load its model within the model's ``worker_start_timeout``; it was killed."""
+
+
 def how_it_ended(returncode: int | None) -> str:
     """A process's end in words: ``killed by SIGKILL``, ``exited with code 3``."""
     if returncode is None:
@@ -110,10 +114,13 @@ class WorkerProcess:
         settings: ModelSettings,
         worker_id: int,
         on_exit: Callable[[WorkerProcess], None],
+        on_ended: Callable[[WorkerProcess, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.id = worker_id
         self.on_exit = on_exit
+        self.on_ended = on_ended
+        """Told of each sequence that ended in the process's own batcher (continuous batching)."""
         self.status: Status = "STARTING"
         self.pid: int | None = None
         self.started_at = time.time()
@@ -169,7 +176,23 @@ class WorkerProcess:
         self._monitor = loop.create_task(self._watch(), name=f"worker-{self.name}-{self.id}")
         blob = pickle.dumps(self.settings, protocol=5)
         self._conn.send(("init", 0, (list(sys.path), blob, self.id)))
-        await self._ready
+        limit = self.settings.worker_start_timeout
+        try:
+            async with asyncio.timeout(limit):
+                await self._ready
+        except TimeoutError:
+            self.expected_exit = True  # not restarted by the pool: its starter fails
+            self.reason = (
+                f"Model {self.name!r}: worker {self.id} (pid {self.pid}) did not load the model within "
+                f"worker_start_timeout ({limit:g}s) and was killed"
+            )
+            logger.error("%s", self.reason)
+            self.kill()
+            raise WorkerStartTimeout(self.reason) from None
+        except BaseException:  # it could not load, or its starter gave up: it serves nobody
+            self.expected_exit = True
+            self.kill()
+            raise
         self.status = "READY"
         self.ready_at = time.time()
 
@@ -273,7 +296,10 @@ class WorkerProcess:
             self._finished(ident, kind, payload)
 
     def _on_control(self, kind: str, payload: Any) -> None:
-        if kind == "ready":
+        if kind == "ended":
+            if self.on_ended is not None:
+                self.on_ended(self, payload)
+        elif kind == "ready":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(None)
         elif kind == "failed":

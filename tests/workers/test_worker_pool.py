@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -18,8 +19,10 @@ from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
-from runtime.workers import HeldState
+from runtime.workers import HeldState, WorkerStartTimeout
 from runtime.workers.connection import encode
+
+from ..sequencing import until
 
 pytestmark = pytest.mark.anyio
 
@@ -354,3 +357,91 @@ def test_the_wire_format_round_trips_arrays_in_any_chunking() -> None:
             assert isinstance(back, np.ndarray)
             assert back.dtype == sent.dtype and back.shape == sent.shape and back.flags.writeable
             assert np.array_equal(back, sent)
+
+
+class CustomRequest(InferenceRequest):
+    """A subclass: pickled as pydantic pickles it."""
+
+
+def test_requests_and_responses_cross_as_flat_fields_and_come_back_equal() -> None:
+    """Requests and responses travel as their fields (no pydantic pickles): every field, the
+    parameters' extra keys, list and object data, requested outputs and subclasses come back."""
+    import pickle
+
+    from runtime.types import RequestOutput, ResponseOutput
+
+    request_ = InferenceRequest(
+        id="r1",
+        parameters=Parameters(content_type="np", headers={"h": "1"}, sequence_id="s", n=3),
+        inputs=[
+            RequestInput(name="a", shape=[2, 2], datatype="FP32", data=np.ones((2, 2), np.float32)),
+            RequestInput(name="b", shape=[2], datatype="BYTES", data=np.array([b"x", b"yz"], dtype=object)),
+            RequestInput(name="c", shape=[3], datatype="INT64", data=[1, 2, 3], parameters=Parameters(k=1)),
+        ],
+        outputs=[RequestOutput(name="a", parameters=Parameters(binary_data=True))],
+    )
+    response = InferenceResponse(
+        model_name="m",
+        model_version="2",
+        id="r1",
+        parameters=Parameters(sequence_end=True),
+        outputs=[ResponseOutput(name="a", shape=[0], datatype="FP64", data=np.zeros(0))],
+    )
+    for message in (request_, response, CustomRequest(inputs=[])):
+        pieces = encode(("x", 1, message))
+        assert len(pieces) == 1
+        assert (b"pydantic" in bytes(pieces[0])) == (type(message) is CustomRequest)
+        back = pickle.loads(bytes(pieces[0])[8:])[2]
+        assert type(back) is type(message)
+        assert back.model_dump(exclude={"inputs", "outputs"}) == message.model_dump(
+            exclude={"inputs", "outputs"}
+        )
+    back = pickle.loads(bytes(encode(("x", 1, request_))[0])[8:])[2]
+    assert back.parameters.model_extra == {"sequence_id": "s", "n": 3}
+    assert back.parameters.headers == {"h": "1"} and back.inputs[0].datatype is Datatype.FP32
+    assert back.inputs[0].data.shape == (2, 2) and back.inputs[0].data.flags.writeable
+    assert list(back.inputs[1].data) == [b"x", b"yz"] and back.inputs[2].data == [1, 2, 3]
+    assert back.inputs[2].parameters.model_extra == {"k": 1}
+    assert back.outputs is not None and back.outputs[0].parameters.model_extra == {"binary_data": True}
+    # a set field can still be set (the rebuilt models keep pydantic's bookkeeping)
+    back.id = "other"
+    assert back.id == "other" and "id" in back.model_fields_set
+
+
+async def test_a_worker_that_does_not_load_in_time_is_killed_and_the_start_fails() -> None:
+    executor = WorkerExecutor(
+        ModelSettings(
+            name="stuck", implementation="tests.worker_models.BlockingLoad", worker_start_timeout=1
+        ),
+        1,
+    )
+    began = time.monotonic()
+    with pytest.raises(WorkerStartTimeout) as raised:
+        await executor.start()
+    assert time.monotonic() - began < 30
+    message = str(raised.value)
+    assert "'stuck'" in message and "worker 1" in message and "worker_start_timeout (1s)" in message
+    (worker,) = executor.pool.workers
+    assert worker.returncode == -signal.SIGKILL and not worker.alive  # killed, and reaped
+
+
+async def test_a_restart_that_does_not_load_in_time_fails_and_says_why(tmp_path: Path) -> None:
+    settings_ = ModelSettings(
+        name="stuck",
+        implementation="tests.worker_models.BlockingLoad",
+        parameters=ModelParameters(extra={"marker": str(tmp_path / "loaded")}),
+    )
+    executor = WorkerExecutor(settings_, 1)
+    await executor.start()  # the first load goes through (with the default timeout)
+    try:
+        executor.pool.settings.worker_start_timeout = 1.5  # what its workers are started with
+        (first,) = executor.pool.workers
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)
+        # the restarted worker blocks in load: it is killed after worker_start_timeout, and says so
+        await until(lambda: "worker_start_timeout" in executor.pool.fallen.get(first.id, first).reason, 30)
+        reason = executor.pool.fallen[first.id].reason
+        assert "'stuck'" in reason and f"worker {first.id}" in reason and "(1.5s)" in reason
+        assert not executor.ready
+    finally:
+        await executor.stop()

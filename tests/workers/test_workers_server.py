@@ -89,6 +89,26 @@ async def test_parallel_workers_is_the_default_for_every_model() -> None:
         assert len(executor(server, "echo").describe()) == 1
 
 
+async def test_a_model_whose_workers_do_not_load_in_time_fails_alone() -> None:
+    stuck = model("BlockingLoad", "stuck", workers=1, worker_start_timeout=1)
+    async with serving(stuck, model("Echo", "echo", workers=1)) as server:
+        async with clients(server) as (oip, admin):
+            index = (await oip.post("/v2/repository/index", json={})).json()
+            (entry,) = [e for e in index if e["name"] == "stuck"]
+            assert entry["state"] == "UNAVAILABLE"
+            assert "'stuck'" in entry["reason"] and "worker 1" in entry["reason"]
+            assert "worker_start_timeout (1s)" in entry["reason"]
+            assert (await oip.get("/v2/models/stuck/ready")).status_code != 200
+            assert (await oip.get("/v2/models/echo/ready")).status_code == 200
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) != os.getpid()
+            # scaling a model up with workers that do not load in time fails the same way
+            echo = executor(server, "echo")
+            echo.pool.settings.worker_start_timeout = 0.001
+            scaled = await admin.put("/models/echo?min_worker=2&synchronous=true")
+            assert scaled.status_code >= 400 and "worker_start_timeout" in scaled.text, scaled.text
+            assert pid(await oip.post("/v2/models/echo/infer", json=body())) != os.getpid()
+
+
 async def test_64_sequences_on_2_workers_keep_their_sums_and_their_worker() -> None:
     settings = model("RunningSum", "sum", sequence_batching=True, max_batch_size=8, max_batch_time=0.002)
     async with serving(settings) as server:
@@ -241,6 +261,46 @@ async def test_a_continuous_batching_model_runs_in_workers() -> None:
                 events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
             assert len(events) == 5
             assert len((await admin.get("/models/ticker")).json()[0]["workers"]) == 2
+
+
+async def test_sequences_that_end_inside_their_worker_leave_the_servers_table() -> None:
+    """Under continuous batching the workers' own batchers end sequences (here by idle timeout);
+    each worker tells the server, whose table of which worker holds which sequence empties."""
+    settings = ModelSettings(
+        name="seqs",
+        implementation="tests.continuous_models.SequenceTicker",
+        continuous_batching=True,
+        sequence_batching=True,
+        max_batch_size=8,
+        max_sequence_idle_ms=300,
+        workers=2,
+    )
+
+    def step(key: str, **control: Any) -> dict[str, Any]:
+        return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
+
+    async with serving(settings) as server:
+        pool = executor(server, "seqs").pool
+        async with clients(server) as (oip, _):
+            keys = [f"s{i}" for i in range(8)]
+            answers = await asyncio.gather(
+                *(oip.post("/v2/models/seqs/infer", json=step(k, sequence_start=True)) for k in keys)
+            )
+            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+            assert set(pool.owners) <= set(keys) and len({w.id for w in pool.owners.values()}) == 2
+            ended = await oip.post("/v2/models/seqs/infer", json=step("s7", sequence_end=True))
+            assert ended.status_code == 200, ended.text
+            await until(lambda: not pool.owners, 30)  # the others end by idle timeout in the workers
+            assert all(not w.sequences for w in pool.workers)
+            # a later request of one hears why it ended, from the worker that held it
+            late = await oip.post("/v2/models/seqs/infer", json=step("s0"))
+            assert late.status_code == 400 and "idle" in late.json()["error"], late.text
+            assert not pool.owners
+            # the id can start a new sequence, which the table holds again until it ends
+            again = await oip.post("/v2/models/seqs/infer", json=step("s0", sequence_start=True))
+            assert again.status_code == 200, again.text
+            assert set(pool.owners) == {"s0"}
+            await until(lambda: not pool.owners, 30)
 
 
 def test_sigterm_drains_the_workers(tmp_path: Any) -> None:
