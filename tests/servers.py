@@ -95,6 +95,13 @@ class RunningServer:
             raise TimeoutError(f"no log line matched {pattern!r}:\n{self.read_log()}")
         return found[0]
 
+    def ready(self, timeout: float = 60.0) -> RunningServer:
+        """Block until the server says it is ready (its endpoints known); stop it and raise if it does not."""
+        if not self._wait(lambda: bool(self.endpoints), timeout):
+            code = self.stop(signal.SIGKILL) if self.process.poll() is None else self.stop()
+            raise RuntimeError(f"server did not become ready (exit {code}):\n{self.read_log()}")
+        return self
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -113,6 +120,22 @@ def start_server(
     folder: str | Path, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None
 ) -> RunningServer:
     """Start ``mlserver-like start FOLDER`` on loopback with free ports; return once it says it is ready."""
+    return launch_server(folder, *args, env=env).ready(timeout)
+
+
+def start_servers(*launched: RunningServer, timeout: float = 60.0) -> list[RunningServer]:
+    """Wait for servers started together with ``launch_server`` (their start-ups overlap); if one
+    does not become ready, every one is stopped."""
+    try:
+        return [server.ready(timeout) for server in launched]
+    except BaseException:
+        for server in launched:
+            server.stop(signal.SIGKILL)
+        raise
+
+
+def launch_server(folder: str | Path, *args: str, env: dict[str, str] | None = None) -> RunningServer:
+    """Start ``mlserver-like start FOLDER`` like ``start_server`` without waiting: ``.ready()`` waits."""
     cmd = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1", "--http-port", "0"]
     if "--grpc-port" not in args:
         cmd += ["--grpc-port", "0"]
@@ -128,11 +151,7 @@ def start_server(
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
-    server = RunningServer(process)
-    if not server._wait(lambda: bool(server.endpoints), timeout):
-        code = server.stop(signal.SIGKILL) if process.poll() is None else server.stop()
-        raise RuntimeError(f"server did not become ready (exit {code}):\n{server.read_log()}")
-    return server
+    return RunningServer(process)
 
 
 @asynccontextmanager

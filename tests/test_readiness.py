@@ -18,7 +18,7 @@ from runtime.grpc.generated import dataplane_pb2 as pb
 from runtime.grpc.generated import dataplane_pb2_grpc
 
 from .conftest import TEST_MODELS
-from .servers import RunningServer, start_server
+from .servers import RunningServer, launch_server, start_server, start_servers
 
 REPO = TEST_MODELS / "repo"
 
@@ -53,17 +53,15 @@ def _folder(tmp_path: Path, *models: str) -> Path:
 )
 def test_the_server_is_not_ready_unless_every_model_asked_for_is(tmp_path: Path, models: tuple[str]) -> None:
     repo = _folder(tmp_path, *models)
-    server = start_server(repo)
+    # the strict and the relaxed server start side by side
+    server, relaxed = start_servers(launch_server(repo), launch_server(repo, "--no-strict-readiness"))
     try:
         assert _readiness(server) == NOT_READY
         assert httpx.get(f"{server.http_url}/v2/health/live").status_code == 200
-    finally:
-        assert server.stop() == 0
-    relaxed = start_server(repo, "--no-strict-readiness")
-    try:
         assert _readiness(relaxed) == READY
     finally:
         relaxed.stop()
+        assert server.stop() == 0
 
 
 def test_readiness_follows_the_repository_api(tmp_path: Path) -> None:
