@@ -36,7 +36,7 @@ MODELS = (
     ModelSettings(name="echo", implementation=zoo.Echo),
     ModelSettings(name="raising", implementation=zoo.Raising),
     row_settings("rows", max_batch_size=4, max_batch_time=30),
-    row_settings("busy", max_batch_size=4, max_batch_time=30, max_queue_size=1, queue_timeout=0.5),
+    row_settings("busy", max_batch_size=4, max_batch_time=30, max_queue_size=1, queue_timeout=4),
     ModelSettings(name="seq", implementation=SequenceRecorder, sequence_batching=True),
     ModelSettings(name="counter", implementation="tests.stream_models.Counter"),
 )
@@ -93,7 +93,6 @@ async def test_exact_counts_after_a_known_mix(access_log: bool) -> None:
             assert value(samples, "nv_inference_pending_request_count", model="busy", version="") == 1
             full = await client.post("/v2/models/busy/infer", json=rows_body([[2, 2]]))
             assert full.status_code == 503
-            assert (await waiting).status_code == 503
             # a sequence: START, a step that ends it (x = 0), then a request to a sequence never started
             assert (
                 await client.post(
@@ -111,6 +110,9 @@ async def test_exact_counts_after_a_known_mix(access_log: bool) -> None:
             async with aconnect_sse(client, "POST", "/v2/models/counter/infer_stream", json=one) as source:
                 events = [event async for event in source.aiter_sse()]
             assert len(events) == 3
+            # the waiting request times out in the queue (queue_timeout: long enough that the
+            # request above found the queue full even on a loaded machine)
+            assert (await waiting).status_code == 503
         # gRPC: 2 successes, 1 unknown model
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
             stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
