@@ -31,7 +31,8 @@ from .request_checks import finish_response, prepare_request
 from .scheduling.queueing import queue_timeout
 from .settings import ModelSettings, Settings
 from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
-from .streams.pipeline import StreamCounter, StreamError, StreamSession, sort_error
+from .streams.pipeline import StreamError, StreamSession, sort_error
+from .streams.stream_counter import StreamCounter
 from .types import (
     InferenceRequest,
     InferenceResponse,
