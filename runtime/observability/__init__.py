@@ -2,8 +2,8 @@
 
 Everything here observes and never decides. The core calls it at a few places only: the
 DataPlane's ``infer`` and stream paths (:class:`~.observer.Observer`), the transports' entry
-(:mod:`.access`: a REST wrapper and a gRPC interceptor) and each scheduler's model call
-(:class:`~.stats.ExecutionStats`, and the batch's spans). See ``docs/metrics.md``.
+(:mod:`.access`: a REST wrapper; :mod:`.grpc_access`: a gRPC interceptor) and each scheduler's
+model call (:class:`~.stats.ExecutionStats`, and the batch's spans). See ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Observability:
         """The gRPC server's interceptor, when the access log or tracing read every call."""
         if not self.watching_requests or self.counting_only:
             return []
-        from .access import ObservedGrpc
+        from .grpc_access import ObservedGrpc
 
         return [ObservedGrpc(self.recorder, self.access_log, self.tracing)]
 
@@ -79,7 +79,7 @@ class Observability:
         metrics alone watch calls, a registration that observes each handler once (no interceptor)."""
         if not self.counting_only:
             return server
-        from .access import ObservedGrpc, ObservedRegistration
+        from .grpc_access import ObservedGrpc, ObservedRegistration
 
         return ObservedRegistration(server, ObservedGrpc(self.recorder, False, None))
 

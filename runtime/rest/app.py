@@ -12,8 +12,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..dataplane import DataPlane, raw_request
+from ..dataplane import DataPlane
 from ..errors import Cancelled, PayloadTooLarge, ServerError
+from ..request_checks import raw_request
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect

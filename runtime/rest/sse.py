@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from ..errors import ServerError, ShuttingDown
-from ..streams.pipeline import StreamCounter
+from ..streams.stream_counter import StreamCounter
 
 logger = logging.getLogger(__name__)
 
