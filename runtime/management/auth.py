@@ -12,17 +12,22 @@ import json
 import logging
 import os
 import secrets
+import string
 import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+_KEY_ALPHABET = string.ascii_letters + string.digits
 
 
 class ManagementKey:
     """The management key and its file."""
 
     def __init__(self, path: str = "") -> None:
-        self.key = secrets.token_urlsafe(24)
+        # letters and digits only (190 bits): a key that began with "-" would read as an option
+        # when passed on a command line (`--auth-token KEY`)
+        self.key = "".join(secrets.choice(_KEY_ALPHABET) for _ in range(32))
         if path:
             self.path = Path(path)
             self._folder: Path | None = None

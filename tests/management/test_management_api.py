@@ -200,3 +200,9 @@ def test_a_real_server_serves_management_on_its_own_port_with_a_key(tmp_path: Pa
     finally:
         assert server.stop() == 0
     assert not key_file.exists()
+
+
+def test_generated_keys_are_letters_and_digits_so_a_command_line_takes_them(tmp_path: Path) -> None:
+    keys = {ManagementKey(str(tmp_path / f"key{i}.json")).key for i in range(200)}
+    assert len(keys) == 200  # random
+    assert all(len(key) == 32 and key.isascii() and key.isalnum() for key in keys)
