@@ -86,8 +86,14 @@ def route_of(scope: dict[str, Any]) -> str:
         return route
     params: dict[str, Any] = scope.get("path_params") or {}
     if params:
+        head, tail = path, ""
+        for name, value in params.items():  # a {name:path} parameter holds several segments
+            text = str(value)
+            if "/" in text and path.endswith("/" + text):
+                head, tail = path[: -len(text) - 1], "/{" + name + "}"
+                break
         values = {str(v): k for k, v in params.items()}
-        route = "/".join("{" + values[s] + "}" if s in values else s for s in path.split("/"))
+        route = "/".join("{" + values[s] + "}" if s in values else s for s in head.split("/")) + tail
     else:
         route = path
     if len(_ROUTES) < _ROUTES_KEPT:

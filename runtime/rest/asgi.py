@@ -8,8 +8,10 @@ and ``path_params`` the router would have set (the access log and metrics label 
 them), and a failure is answered by the same handler Starlette would have picked (an unexpected
 one is also re-raised, as Starlette's ServerErrorMiddleware does, so that uvicorn logs it and
 closes the connection). Every other request, and an infer request under a ``root_path``, goes
-through Starlette as usual. When the metrics alone watch requests, an infer request is counted here
-too (:meth:`RestApp.count_requests`), rather than through a wrapper around the whole app.
+through Starlette as usual. TorchServe's ``POST|PUT /predictions/{model_name}[/{model_version}]``,
+its users' hot path, is dispatched the same way. When the metrics alone watch requests, these
+requests are counted here too (:meth:`RestApp.count_requests`), rather than through a wrapper
+around the whole app.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
@@ -34,6 +36,9 @@ from .sse_routes import StreamingApi
 
 _PREFIX = "/v2/models/"
 _SUFFIX = "/infer"
+_TS_PREFIX = "/predictions/"  # TorchServe's inference route, the hot path of its users
+_TS_MODEL = "/predictions/{model_name}"
+_TS_VERSIONED = "/predictions/{model_name}/{model_version}"
 
 
 class RestApp(Starlette):
@@ -44,6 +49,8 @@ class RestApp(Starlette):
         self._api = api
         infer = [r for r in routes if isinstance(r, Route) and r.path.endswith(_SUFFIX)]
         self._endpoint, self._versioned_endpoint = infer[0].endpoint, infer[1].endpoint
+        predictions = {r.path: r.endpoint for r in routes if isinstance(r, Route)}
+        self._predictions = predictions[_TS_MODEL], predictions[_TS_VERSIONED]
         self._handled = {k: v for k, v in handlers.items() if k is not Exception}
         self._count: Callable[[Scope, int, float], None] | None = None
         self._other: ASGIApp = super().__call__
@@ -76,7 +83,50 @@ class RestApp(Starlette):
                     scope["path_params"] = params
                     await self._infer(scope, receive, send)
                     return
+            elif path.startswith(_TS_PREFIX):
+                await self._prediction(scope, receive, send, path)
+                return
+        elif scope["type"] == "http" and scope["method"] == "PUT" and not scope.get("root_path"):
+            if scope["path"].startswith(_TS_PREFIX):  # `curl -T` sends a PUT
+                await self._prediction(scope, receive, send, scope["path"])
+                return
         await self._other(scope, receive, send)
+
+    async def _prediction(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
+        an infer request is; a longer path (segments for the handler) goes through the router."""
+        parts = path[len(_TS_PREFIX) :].split("/")
+        if len(parts) == 1 and parts[0]:
+            params, endpoint = {"model_name": parts[0]}, self._predictions[0]
+        elif len(parts) == 2 and parts[0] and parts[1]:
+            params = {"model_name": parts[0], "model_version": parts[1]}
+            endpoint = self._predictions[1]
+        else:
+            await self._other(scope, receive, send)
+            return
+        scope["app"] = self
+        scope.setdefault("router", self.router)
+        scope["endpoint"] = endpoint
+        scope["path_params"] = params
+        count = self._count
+        began = time.perf_counter() if count is not None else 0.0
+        status: list[int] = []
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            try:
+                await endpoint(scope, receive, sending)
+            except Exception as exc:
+                if status:  # the answer has started: nothing more can be sent
+                    raise
+                status.append(await self._failed(scope, receive, send, exc))
+        finally:
+            if count is not None:
+                count(scope, status[0] if status else 500, time.perf_counter() - began)
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send) -> None:
         count = self._count

@@ -151,3 +151,45 @@ async def test_torchserve_error_bodies(ts_api: httpx.AsyncClient) -> None:
 
 def test_torchserve_archiver_is_available() -> None:
     assert shutil.which("torch-model-archiver") or json  # the module entry point is what the tests run
+
+
+async def test_predictions_are_counted_by_route_and_status_without_a_wrapper(tmp_path: Path) -> None:
+    """With the metrics alone on, /predictions goes straight to its handler (as OIP infer does) and
+    is counted there, by route template and status; a path with more segments goes through the router."""
+    from runtime.dataplane import DataPlane
+    from runtime.observability import Observability
+    from runtime.registry import Registry
+    from runtime.rest import create_app
+    from runtime.settings import Settings
+
+    store = tmp_path / "store"
+    store.mkdir()
+    archive(store, "echo", "echo_handler.py")
+    found, broken = read_repository(store)
+    assert not broken
+    registry = Registry()
+    plane = DataPlane(Settings(), registry)
+    plane.started = True
+    observability = Observability(plane.settings, plane)
+    assert observability.counting_only
+    app = observability.wrap_rest(create_app(plane))
+    for settings in found:
+        await registry.load(settings)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            assert (await client.post("/predictions/echo", content=b"a")).status_code == 200
+            assert (await client.put("/predictions/echo/1.0", content=b"b")).status_code == 200
+            assert (await client.post("/predictions/echo/1.0/x/y", content=b"c")).status_code == 200
+            missing = await client.post("/predictions/nowhere", content=b"d")
+            assert missing.status_code == 404 and missing.json()["code"] == 404
+        assert observability.recorder is not None
+        counted = {key: sum(h.counts) for key, h in observability.recorder.rest.items()}
+        assert counted == {
+            ("POST", "/predictions/{model_name}", "200"): 1,
+            ("PUT", "/predictions/{model_name}/{model_version}", "200"): 1,
+            ("POST", "/predictions/{model_name}/{model_version}/{url_path}", "200"): 1,
+            ("POST", "/predictions/{model_name}", "404"): 1,
+        }
+    finally:
+        await registry.unload_all()
