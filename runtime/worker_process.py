@@ -24,7 +24,6 @@ import pickle
 import signal
 import socket
 import sys
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -39,59 +38,11 @@ from .sequences.sequence_model import SequenceModel, SequenceStep
 from .settings import ModelSettings
 from .types import InferenceRequest, InferenceResponse
 from .workers.connection import Connection
-from .workers.messages import ACK_EVERY, WINDOW, portable
+from .workers.messages import ACK_EVERY, Credit, Inbox, portable
 
 logger = logging.getLogger(__name__)
 
 _END = object()
-
-
-class _Inbox:
-    """The requests of one stream that arrived and the model has not taken yet (at most WINDOW)."""
-
-    __slots__ = ("items", "waker")
-
-    def __init__(self) -> None:
-        self.items: deque[Any] = deque()
-        self.waker: asyncio.Future[None] | None = None
-
-    def put(self, item: Any) -> None:
-        self.items.append(item)
-        if self.waker is not None and not self.waker.done():
-            self.waker.set_result(None)
-
-    async def get(self) -> Any:
-        while not self.items:
-            self.waker = asyncio.get_running_loop().create_future()
-            try:
-                await self.waker
-            finally:
-                self.waker = None
-        return self.items.popleft()
-
-
-class _Credit:
-    """How many more chunks of a stream may be sent before the server acknowledges some."""
-
-    __slots__ = ("left", "waker")
-
-    def __init__(self) -> None:
-        self.left = WINDOW
-        self.waker: asyncio.Future[None] | None = None
-
-    def give(self, n: int) -> None:
-        self.left += n
-        if self.waker is not None and not self.waker.done():
-            self.waker.set_result(None)
-
-    async def take(self) -> None:
-        while self.left <= 0:
-            self.waker = asyncio.get_running_loop().create_future()
-            try:
-                await self.waker
-            finally:
-                self.waker = None
-        self.left -= 1
 
 
 class Worker:
@@ -104,8 +55,8 @@ class Worker:
         self.settings: ModelSettings | None = None
         self.states: dict[str, Any] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.inboxes: dict[int, _Inbox] = {}
-        self.credits: dict[int, _Credit] = {}
+        self.inboxes: dict[int, Inbox[Any]] = {}
+        self.credits: dict[int, Credit] = {}
         self.executor: InProcessExecutor | None = None
         """Calls the model here as the server would in process (a plain ``predict`` on threads)."""
         self.scheduler: Scheduler | None = None
@@ -148,8 +99,8 @@ class Worker:
         elif kind == "call":
             self._spawn(ident, self._call(ident, payload))
         elif kind == "open":
-            self.inboxes[ident] = _Inbox()
-            self.credits[ident] = _Credit()
+            self.inboxes[ident] = Inbox[Any]()
+            self.credits[ident] = Credit()
             self._spawn(ident, self._stream(ident))
         elif kind == "seq":
             self._spawn(ident, self._sequences(ident, payload))
@@ -266,7 +217,7 @@ class Worker:
             return
         self._send(("ok", ident, response))
 
-    async def _requests(self, ident: int, inbox: _Inbox) -> AsyncIterator[InferenceRequest]:
+    async def _requests(self, ident: int, inbox: Inbox[Any]) -> AsyncIterator[InferenceRequest]:
         taken = 0
         while True:
             item = await inbox.get()

@@ -29,9 +29,11 @@ Both directions of a stream are bounded by ``WINDOW`` messages in flight.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
+from collections import deque
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 WINDOW: Final = 32
 """Messages of one stream (in either direction) that may be in flight before an ``ack``."""
@@ -39,6 +41,60 @@ ACK_EVERY: Final = WINDOW // 2
 """How many messages a receiver takes before it acknowledges them."""
 
 FINAL: Final = frozenset({"ok", "err", "end", "gone"})
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    """The messages of one stream that arrived and have not been taken yet (at most ``WINDOW``,
+    since the sender holds a :class:`Credit`)."""
+
+    __slots__ = ("items", "waker")
+
+    def __init__(self) -> None:
+        self.items: deque[T] = deque()
+        self.waker: asyncio.Future[None] | None = None
+
+    def put(self, item: T) -> None:
+        self.items.append(item)
+        _wake(self.waker)
+
+    async def get(self) -> T:
+        while not self.items:
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        return self.items.popleft()
+
+
+class Credit:
+    """How many more messages of one stream may be sent before the receiver acknowledges some."""
+
+    __slots__ = ("left", "waker")
+
+    def __init__(self) -> None:
+        self.left = WINDOW
+        self.waker: asyncio.Future[None] | None = None
+
+    def give(self, n: int) -> None:
+        self.left += n
+        _wake(self.waker)
+
+    async def take(self) -> None:
+        while self.left <= 0:
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        self.left -= 1
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)

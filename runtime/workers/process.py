@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from ..errors import WorkerLost
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .connection import Connection
-from .messages import ACK_EVERY, FINAL, WINDOW
+from .messages import ACK_EVERY, FINAL, Credit, Inbox
 
 logger = logging.getLogger(__name__)
 
@@ -40,46 +39,14 @@ LOST_GRACE = 2.0
 
 
 class _Stream:
-    """What the server holds for one stream running in a worker."""
+    """What the server holds for one stream running in a worker: what it sent that the caller has
+    not taken yet, and how many more requests it may be sent."""
 
-    __slots__ = ("credit", "credit_waker", "items", "waker")
+    __slots__ = ("credit", "inbox")
 
     def __init__(self) -> None:
-        self.items: deque[tuple[str, Any]] = deque()
-        self.waker: asyncio.Future[None] | None = None
-        self.credit = WINDOW
-        self.credit_waker: asyncio.Future[None] | None = None
-
-    def push(self, kind: str, payload: Any) -> None:
-        self.items.append((kind, payload))
-        _wake(self.waker)
-
-    async def get(self) -> tuple[str, Any]:
-        while not self.items:
-            self.waker = asyncio.get_running_loop().create_future()
-            try:
-                await self.waker
-            finally:
-                self.waker = None
-        return self.items.popleft()
-
-    def give(self, n: int) -> None:
-        self.credit += n
-        _wake(self.credit_waker)
-
-    async def take(self) -> None:
-        while self.credit <= 0:
-            self.credit_waker = asyncio.get_running_loop().create_future()
-            try:
-                await self.credit_waker
-            finally:
-                self.credit_waker = None
-        self.credit -= 1
-
-
-def _wake(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
+        self.inbox: Inbox[tuple[str, Any]] = Inbox()
+        self.credit = Credit()
 
 
 class WorkerStartTimeout(RuntimeError):
@@ -221,7 +188,7 @@ class WorkerProcess:
         self._calls.clear()
         for stream in self._streams.values():
             if stream is not None:
-                stream.push("err", error)
+                stream.inbox.put(("err", error))
         self._streams.clear()
         self.busy = 0
         self.idle.set()
@@ -288,9 +255,9 @@ class WorkerProcess:
             stream = self._streams.get(ident)
             if stream is not None:
                 if kind == "chunk":
-                    stream.push(kind, payload)
+                    stream.inbox.put((kind, payload))
                 else:
-                    stream.give(payload)
+                    stream.credit.give(payload)
             return
         if kind in FINAL:
             self._finished(ident, kind, payload)
@@ -324,7 +291,7 @@ class WorkerProcess:
             stream = self._streams.pop(ident)
             self._done_one()
             if stream is not None:
-                stream.push(kind, payload)
+                stream.inbox.put((kind, payload))
 
     def _done_one(self) -> None:
         self.busy -= 1
@@ -364,7 +331,7 @@ class WorkerProcess:
         taken = 0
         try:
             while True:
-                kind, payload = await stream.get()
+                kind, payload = await stream.inbox.get()
                 if kind == "chunk":
                     taken += 1
                     if taken % ACK_EVERY == 0 and not self._conn.closed:
@@ -385,7 +352,7 @@ class WorkerProcess:
     async def _pump(self, ident: int, stream: _Stream, requests: AsyncIterator[InferenceRequest]) -> None:
         try:
             async for request in requests:
-                await stream.take()
+                await stream.credit.take()
                 if self._conn.closed:
                     return
                 self._conn.send(("item", ident, request))
@@ -395,4 +362,4 @@ class WorkerProcess:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            stream.push("err", exc)
+            stream.inbox.put(("err", exc))
