@@ -65,49 +65,43 @@ class RestApp(Starlette):
         self._other = wrap(self._other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            path: str = scope["path"]
-            if path.startswith(_PREFIX) and path.endswith(_SUFFIX):
+        if scope["type"] == "http" and not scope.get("root_path"):
+            method, path = scope["method"], scope["path"]
+            if method == "POST" and path.startswith(_PREFIX) and path.endswith(_SUFFIX):
                 parts = path[len(_PREFIX) : -len(_SUFFIX)].split("/")
                 if len(parts) == 1 and parts[0]:
-                    params, endpoint = {"model_name": parts[0]}, self._endpoint
-                elif len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-                    params = {"model_name": parts[0], "model_version": parts[2]}
-                    endpoint = self._versioned_endpoint
-                else:
-                    params = None
-                if params is not None:
-                    scope["app"] = self
-                    scope.setdefault("router", self.router)
-                    scope["endpoint"] = endpoint
-                    scope["path_params"] = params
+                    self._routed(scope, self._endpoint, {"model_name": parts[0]})
                     await self._infer(scope, receive, send)
                     return
-            elif path.startswith(_TS_PREFIX):
-                await self._prediction(scope, receive, send, path)
-                return
-        elif scope["type"] == "http" and scope["method"] == "PUT" and not scope.get("root_path"):
-            if scope["path"].startswith(_TS_PREFIX):  # `curl -T` sends a PUT
-                await self._prediction(scope, receive, send, scope["path"])
-                return
+                if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+                    params = {"model_name": parts[0], "model_version": parts[2]}
+                    self._routed(scope, self._versioned_endpoint, params)
+                    await self._infer(scope, receive, send)
+                    return
+            elif method in ("POST", "PUT") and path.startswith(_TS_PREFIX):  # `curl -T` sends a PUT
+                parts = path[len(_TS_PREFIX) :].split("/")
+                if len(parts) == 1 and parts[0]:
+                    self._routed(scope, self._predictions[0], {"model_name": parts[0]})
+                    await self._prediction(scope, receive, send)
+                    return
+                if len(parts) == 2 and parts[0] and parts[1]:
+                    params = {"model_name": parts[0], "model_version": parts[1]}
+                    self._routed(scope, self._predictions[1], params)
+                    await self._prediction(scope, receive, send)
+                    return
         await self._other(scope, receive, send)
 
-    async def _prediction(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
-        an infer request is; a longer path (segments for the handler) goes through the router."""
-        parts = path[len(_TS_PREFIX) :].split("/")
-        if len(parts) == 1 and parts[0]:
-            params, endpoint = {"model_name": parts[0]}, self._predictions[0]
-        elif len(parts) == 2 and parts[0] and parts[1]:
-            params = {"model_name": parts[0], "model_version": parts[1]}
-            endpoint = self._predictions[1]
-        else:
-            await self._other(scope, receive, send)
-            return
+    def _routed(self, scope: Scope, endpoint: Any, params: dict[str, str]) -> None:
+        """Give ``scope`` what Starlette's router would have (the access log and metrics read it)."""
         scope["app"] = self
         scope.setdefault("router", self.router)
         scope["endpoint"] = endpoint
         scope["path_params"] = params
+
+    async def _prediction(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
+        an infer request is (a longer path, with segments for the handler, goes through the router)."""
+        endpoint = scope["endpoint"]
         count = self._count
         began = time.perf_counter() if count is not None else 0.0
         status: list[int] = []
