@@ -25,6 +25,7 @@ from runtime.grpc.generated import ts_management_pb2 as mpb
 from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
 from ..servers import RunningServer, start_server
+from .archiver import run_model_archiver
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "torchserve"
@@ -33,11 +34,8 @@ SAMPLES = [EXAMPLES / "stateful" / "sample" / f"sample{i}.txt" for i in (1, 2, 3
 
 
 def archiver(store: Path, name: str, handler: Path, *extra: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "model_archiver.model_packaging", "--model-name", name, "--version", "1.0",
-         "--handler", str(handler), "--export-path", str(store), *extra],
-        check=True,
-        capture_output=True,
+    run_model_archiver(
+        "--model-name", name, "--version", "1.0", "--handler", str(handler), "--export-path", str(store), *extra
     )  # fmt: skip
 
 

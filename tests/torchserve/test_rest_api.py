@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from runtime.repository import read_repository
 from runtime.torchserve.archive import archive_settings
 
 from ..conftest import InProcess
+from .archiver import run_model_archiver
 
 pytestmark = pytest.mark.anyio
 
@@ -28,16 +27,15 @@ HANDLERS = Path(__file__).resolve().parents[1] / "models" / "torchserve"
 
 def archive(tmp: Path, name: str, handler: str, config: str | None = None, fmt: str = "default") -> Path:
     """Run torch-model-archiver as a user would; the .mar (or folder) it wrote."""
-    cmd = [
-        sys.executable, "-m", "model_archiver.model_packaging",
+    args = [
         "--model-name", name, "--version", "1.0", "--handler", str(HANDLERS / handler),
         "--export-path", str(tmp), "--archive-format", fmt, "-f",
     ]  # fmt: skip
     if config is not None:
         yaml_file = tmp / f"{name}-config.yaml"
         yaml_file.write_text(config)
-        cmd += ["--config-file", str(yaml_file)]
-    subprocess.run(cmd, check=True, capture_output=True)
+        args += ["--config-file", str(yaml_file)]
+    run_model_archiver(*args)
     suffix = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz"}.get(fmt, "")
     return tmp / f"{name}{suffix}"
 

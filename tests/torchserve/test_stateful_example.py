@@ -4,8 +4,6 @@ server; the client calls are the README's curl commands, written with httpx."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ import pytest
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
 from ..servers import RunningServer, start_server
+from .archiver import run_model_archiver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchserve" / "stateful"
 SEQ_ID = "ts_request_sequence_id"
@@ -25,16 +24,11 @@ SEQ_END = "ts_request_sequence_end"
 
 def build_archive(store: Path) -> None:
     """The README's archiver line (the handler needs no model file; see the example's README)."""
-    subprocess.run(
-        [
-            sys.executable, "-m", "model_archiver.model_packaging",
-            "--model-name", "stateful", "--version", "1.0",
-            "--handler", str(EXAMPLE / "stateful_handler.py"),
-            "-r", str(EXAMPLE / "requirements.txt"), "--config-file", str(EXAMPLE / "model-config.yaml"),
-            "--export-path", str(store),
-        ],
-        check=True,
-        capture_output=True,
+    run_model_archiver(
+        "--model-name", "stateful", "--version", "1.0",
+        "--handler", str(EXAMPLE / "stateful_handler.py"),
+        "-r", str(EXAMPLE / "requirements.txt"), "--config-file", str(EXAMPLE / "model-config.yaml"),
+        "--export-path", str(store),
     )  # fmt: skip
 
 
