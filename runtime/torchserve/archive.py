@@ -75,9 +75,9 @@ def unpack(archive: Path) -> Path:
         try:  # next to the archive, or in a temporary folder when the model folder is read-only
             for old in cache.glob(f"{archive.stem}-*"):
                 shutil.rmtree(old, ignore_errors=True)
-            staging = target.with_name(target.name + ".partial")
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
+            cache.mkdir(parents=True, exist_ok=True)
+            # a staging folder of this process's own: two servers unpacking the same archive do not collide
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
         except OSError:
             continue
         return _extract(archive, staging, target)
@@ -101,7 +101,12 @@ def _extract(archive: Path, staging: Path, target: Path) -> Path:
         if root != staging:  # a tgz of the model's folder: move its contents up
             for item in root.iterdir():
                 item.rename(staging / item.name)
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:  # another process unpacked the same archive first: use its folder
+            if not (target / MANIFEST).is_file():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
