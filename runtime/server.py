@@ -113,11 +113,13 @@ class Server:
                 self.metrics_port,
                 self.settings.metrics_endpoint,
             )
+        # one management core for both management front ends (REST on its port, gRPC's service)
+        self.management = Management(self.settings, self.registry)
         self._grpc = GrpcServer(
             self.dataplane,
             self.settings,
             self.observability.grpc_interceptors(),
-            services=torchserve_services(self.dataplane, self._new_management_key()),
+            services=torchserve_services(self.dataplane, self.management, self._new_management_key()),
             registration=self.observability.grpc_registration,
         )
         self.grpc_port = await self._grpc.start()
@@ -186,7 +188,7 @@ class Server:
                 "it can register and run code",
                 settings.management_host,
             )
-        self.management = Management(settings, self.registry)
+        assert self.management is not None
         app = create_management_app(self.management, self._management_key)
         served = await self._serve_http(app, settings.management_port, settings.management_host)
         self._management_http, self._management_task, self.management_port = served

@@ -10,7 +10,8 @@ Routes (``name`` a model, ``version`` one of its versions)::
     DELETE /models/{name}[/{version}]                 unregister (its workers drain)
 
 It only translates: query strings and JSON bodies to :class:`~.operations.Management` calls, core
-errors to TorchServe's ``{"code", "type", "message"}`` through one table. Every request needs
+errors to TorchServe's ``{"code", "type", "message"}`` through the TorchServe front ends' one table
+(``runtime.torchserve.error_body``). Every request needs
 ``Authorization: Bearer <key>`` unless token authorization is off.
 """
 
@@ -29,21 +30,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import errors
+from ..torchserve.error_body import describe
 from .auth import ManagementKey
-from .operations import Management
+from .operations import Management, default_set, scaled, unregistered
 
 logger = logging.getLogger(__name__)
-
-# the management transport's one table: most specific first
-ERRORS: tuple[tuple[type[errors.ServerError], int, str], ...] = (
-    (errors.Conflict, 409, "ConflictStatusException"),
-    (errors.Forbidden, 403, "ForbiddenException"),
-    (errors.InvalidInput, 400, "BadRequestException"),
-    (errors.ModelNotFound, 404, "ModelNotFoundException"),
-    (errors.Unavailable, 503, "ServiceUnavailableException"),
-    (errors.ModelFailed, 500, "InternalServerException"),
-    (errors.Cancelled, 499, "RequestCancelledException"),
-)
 
 AUTH_FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 
@@ -57,12 +48,7 @@ def _error(status: int, kind: str, message: str) -> Response:
 
 
 def error_body(exc: errors.ServerError) -> Response:
-    for cls, status, kind in ERRORS:
-        if isinstance(exc, cls):
-            if cls is errors.ModelNotFound and getattr(exc, "version", None):
-                kind = "ModelVersionNotFoundException"
-            return _error(status, kind, exc.message)
-    return _error(500, "InternalServerException", exc.message)
+    return _error(*describe(exc))
 
 
 def _int(request: Request, name: str, body: dict[str, Any], default: int | None = None) -> int | None:
@@ -140,11 +126,7 @@ class ManagementApi:
         workers = _int(request, "initial_workers", body)
         synchronous = _bool(request, "synchronous", body, False)
         done = await self.management.register(str(url or ""), name, workers, synchronous)
-        version = done.version or "None"
-        if not synchronous:
-            return _answer({"status": f'Model "{done.name}" Version: {version} registration started'}, 202)
-        where = f"{done.workers} initial workers" if done.workers else "in the server process (0 workers)"
-        return _answer({"status": f'Model "{done.name}" Version: {version} registered with {where}'})
+        return _answer({"status": done.status()}, 200 if synchronous else 202)
 
     async def scale(self, request: Request) -> Response:
         name = request.path_params["model_name"]
@@ -155,22 +137,18 @@ class ManagementApi:
         synchronous = _bool(request, "synchronous", body, False)
         assert min_worker is not None
         count = await self.management.scale(name, version, min_worker, max_worker, synchronous)
-        if not synchronous:
-            return _answer({"status": "Processing worker updates..."}, 202)
-        which = f", version: {version}" if version else ""
-        return _answer({"status": f"Workers scaled to {count} for model: {name}{which}"})
+        return _answer({"status": scaled(name, version, count, synchronous)}, 200 if synchronous else 202)
 
     async def set_default(self, request: Request) -> Response:
         name, version = request.path_params["model_name"], request.path_params["model_version"]
         self.management.set_default(name, version)
-        return _answer({"status": f'Default version successfully updated for model "{name}" to "{version}"'})
+        return _answer({"status": default_set(name, version)})
 
     async def unregister(self, request: Request) -> Response:
         name = request.path_params["model_name"]
         version = request.path_params.get("model_version")
         await self.management.unregister(name, version)
-        which = f" version {version}" if version else ""
-        return _answer({"status": f'Model "{name}"{which} unregistered'})
+        return _answer({"status": unregistered(name, version)})
 
     def app(self) -> ASGIApp:
         r = self._route

@@ -1,9 +1,12 @@
 """Management operations, transport-free: list, describe, register, scale, set-default, unregister.
 
-The management front end (``api.py``, TorchServe's REST shape) translates HTTP to these calls and
-their errors (the tree in ``runtime.errors``) to TorchServe's error bodies. Registration reads a
-model from a local folder (its model-settings.json) or an archive of one (.tar.gz, .tgz, .tar,
-.zip, .mar), only from where ``allowed_urls`` allows (by default: inside the model repository).
+Both management front ends, TorchServe's REST shape (``api.py``) and TorchServe's gRPC management
+service (``runtime.torchserve.management_grpc``), translate their calls to these and their errors
+(the tree in ``runtime.errors``) through TorchServe's one error table. Registration reads a model
+from a local folder (its model-settings.json) or an archive of one (.tar.gz, .tgz, .tar, .zip), or
+from a TorchServe archive (a ``.mar``, its unpacked folder, or the archiver's tgz) as the model
+repository reads those at start; only from where ``allowed_urls`` allows (by default: inside the
+model repository).
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ logger = logging.getLogger(__name__)
 
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip", ".mar")
 PAGE_LIMIT = 100
+TORCHSERVE_KEYS = (
+    "responseTimeout",
+    "startupTimeout",
+    "maxRetryTimeoutInSec",
+    "clientTimeoutInMills",
+    "deviceType",
+)
+"""model-config.yaml keys a TorchServe archive's model is described with as they were given (this
+server keeps them but does not act on them)."""
 
 
 @dataclass
@@ -41,6 +53,33 @@ class Registered:
     version: str | None
     workers: int
     loaded: bool
+
+    def status(self) -> str:
+        """TorchServe's sentence for it."""
+        version = self.version or "None"
+        if not self.loaded:
+            return f'Model "{self.name}" Version: {version} registration started'
+        where = f"{self.workers} initial workers" if self.workers else "in the server process (0 workers)"
+        return f'Model "{self.name}" Version: {version} registered with {where}'
+
+
+# TorchServe's sentences for what the other operations did (both management front ends answer them)
+
+
+def scaled(name: str, version: str | None, count: int, synchronous: bool) -> str:
+    if not synchronous:
+        return "Processing worker updates..."
+    which = f", version: {version}" if version else ""
+    return f"Workers scaled to {count} for model: {name}{which}"
+
+
+def default_set(name: str, version: str) -> str:
+    return f'Default version successfully updated for model "{name}" to "{version}"'
+
+
+def unregistered(name: str, version: str | None) -> str:
+    which = f" version {version}" if version else ""
+    return f'Model "{name}"{which} unregistered'
 
 
 def executor_of(entry: ModelEntry) -> WorkerExecutor | None:
@@ -61,15 +100,16 @@ class Management:
     # ------------------------------------------------------------------ reading
 
     def list_models(self, limit: int = PAGE_LIMIT, next_page_token: int = 0) -> dict[str, Any]:
-        """One page of the models, by name: ``{"models": [...], "nextPageToken": ...}``."""
+        """One page of the models, by name: ``{"models": [...], "nextPageToken": ...}`` (at most
+        100 a page; a limit of 0 gives an empty page, as TorchServe)."""
         if limit < 0 or next_page_token < 0:
             raise InvalidInput("limit and next_page_token must not be negative")
-        limit = min(limit or PAGE_LIMIT, PAGE_LIMIT)
+        limit = min(limit, PAGE_LIMIT)
         names = sorted({entry.name for entry in self.registry.entries()})
         page = names[next_page_token : next_page_token + limit]
         models = [{"modelName": name, "modelUrl": self._url(self.registry.find(name))} for name in page]
         answer: dict[str, Any] = {"models": models}
-        if next_page_token + limit < len(names):
+        if page and next_page_token + limit < len(names):
             answer["nextPageToken"] = str(next_page_token + limit)
         return answer
 
@@ -89,6 +129,7 @@ class Management:
         workers = executor.describe() if executor is not None else self._in_process(entry)
         count = len([w for w in workers if w["status"] != "STOPPED"]) if executor is not None else 0
         scheduler = entry.scheduler.describe() if entry.scheduler is not None else {}
+        config = _torchserve(entry).get("config") or {}
         return {
             "modelName": entry.name,
             "modelVersion": entry.version,
@@ -111,6 +152,7 @@ class Management:
             "sequenceTimeoutMSec": s.sequence_timeout_ms,
             "maxNumSequence": s.max_sequences,
             "maxSequenceJobQueueSize": s.max_sequence_queue_size,
+            **{key: config[key] for key in TORCHSERVE_KEYS if key in config},
             "scheduler": scheduler,
             "workers": workers,
             "jobQueueStatus": {
@@ -140,6 +182,11 @@ class Management:
 
     @staticmethod
     def _url(entry: ModelEntry) -> str:
+        """A TorchServe archive's file name (as TorchServe lists ``squeezenet1_1.mar``), else the
+        model's folder."""
+        archive = _torchserve(entry).get("archive")
+        if archive:
+            return Path(archive).name
         folder = entry.settings.folder
         return str(folder) if folder is not None else ""
 
@@ -158,8 +205,7 @@ class Management:
             raise InvalidInput("Parameter url is required.")
         if workers is not None and workers < 0:
             raise InvalidInput("initial_workers must not be negative")
-        folder = await asyncio.to_thread(self._fetch, url)
-        settings = await asyncio.to_thread(_read_settings, folder)
+        settings = await asyncio.to_thread(self._settings_at, url)
         updates: dict[str, Any] = {}
         if name:
             updates["name"] = name
@@ -196,9 +242,26 @@ class Management:
         if current is entry:
             await self.registry.unload(entry.name, entry.version or None)
 
-    def _fetch(self, url: str) -> Path:
-        """The local folder of the model at ``url``, after checking it is allowed (archives are
-        extracted into a private folder)."""
+    def _settings_at(self, url: str) -> ModelSettings:
+        """The settings of the model at ``url``, after checking it is allowed: a TorchServe archive's
+        from its manifest and model-config.yaml, else a folder's (an archive of one is extracted
+        into a private folder) from its model-settings.json."""
+        from ..torchserve.archive import ArchiveError, archive_settings, is_archive
+
+        path = self._local(url)
+        try:
+            if is_archive(path):
+                return archive_settings(path)
+        except (ArchiveError, OSError) as exc:
+            raise InvalidInput(f"cannot read {path.name}: {exc}") from exc
+        if path.is_dir():
+            return _read_settings(path)
+        if not path.name.lower().endswith(ARCHIVES):
+            raise InvalidInput(f"{url!r} is neither a folder nor an archive ({', '.join(ARCHIVES)})")
+        return _read_settings(self._extract(path))
+
+    def _local(self, url: str) -> Path:
+        """The local path ``url`` names, once it is known to be allowed and to exist."""
         if re.match(r"^[a-z][a-z0-9+.-]*://", url, re.IGNORECASE) and not url.lower().startswith("file://"):
             raise InvalidInput(f"Only local folders and archives can be registered, not {url!r}")
         path_text = url[len("file://") :] if url.lower().startswith("file://") else url
@@ -212,11 +275,7 @@ class Management:
             raise Forbidden(f"Given URL {url} does not match any allowed URL(s)")
         if not path.exists():
             raise ModelNotFound(url)
-        if path.is_dir():
-            return path
-        if not path.name.lower().endswith(ARCHIVES):
-            raise InvalidInput(f"{url!r} is neither a folder nor an archive ({', '.join(ARCHIVES)})")
-        return self._extract(path)
+        return path
 
     def _allowed(self, url: str, path: Path) -> bool:
         if self.settings.allowed_urls:
@@ -280,6 +339,13 @@ class Management:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _torchserve(entry: ModelEntry) -> dict[str, Any]:
+    """What a TorchServe archive's model keeps of its archive (manifest, config, archive path)."""
+    extra = entry.settings.parameters.extra if entry.settings.parameters else {}
+    found = extra.get("torchserve") if isinstance(extra, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def _read_settings(folder: Path) -> ModelSettings:

@@ -61,6 +61,23 @@ def find_archives(root: Path) -> list[Path]:
     return found
 
 
+def is_archive(path: Path) -> bool:
+    """Whether ``path`` is a TorchServe archive rather than a folder (or a packed folder) of this
+    server's models: a ``.mar``, a folder holding ``MAR-INF/MANIFEST.json`` and no
+    model-settings.json, or a ``.tar.gz``/``.tgz`` (the archiver's tgz format) holding them so."""
+    if path.is_dir():
+        return (path / MANIFEST).is_file() and not (path / MODEL_SETTINGS_FILENAME).is_file()
+    name = path.name.lower()
+    if name.endswith(".mar"):
+        return True
+    if not name.endswith((".tar.gz", ".tgz")) or not tarfile.is_tarfile(path):
+        return False
+    with tarfile.open(path) as tf:
+        members = [Path(m) for m in tf.getnames()]
+    has = {m.parts[-2:] for m in members if len(m.parts) >= 2}
+    return MANIFEST.parts in has and not any(m.name == MODEL_SETTINGS_FILENAME for m in members)
+
+
 def unpack(archive: Path) -> Path:
     """The folder holding the archive's files: the folder itself, or a fresh unpacking of a .mar."""
     if archive.is_dir():

@@ -1,4 +1,5 @@
-"""Core errors to TorchServe's error body ``{"code", "type", "message"}``: this front end's one table."""
+"""Core errors to TorchServe's error body ``{"code", "type", "message"}``: the one table of every
+TorchServe-shaped front end (inference REST and gRPC, management REST and gRPC)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ NO_WORKER = (
 # most specific first: the first class an error is an instance of decides
 TABLE: tuple[tuple[type[errors.ServerError], int, str], ...] = (
     (errors.PayloadTooLarge, 413, "RequestEntityTooLargeException"),
+    (errors.Conflict, 409, "ConflictStatusException"),
+    (errors.Forbidden, 403, "ForbiddenException"),
     (errors.InvalidInput, 400, "BadRequestException"),
     (errors.ModelNotFound, 404, "ModelNotFoundException"),
     (errors.Overloaded, 503, "ServiceUnavailableException"),
@@ -21,8 +24,9 @@ TABLE: tuple[tuple[type[errors.ServerError], int, str], ...] = (
 )
 
 
-def describe(error: errors.ServerError, model: str) -> tuple[int, str, str]:
-    """The status, exception type and message TorchServe would answer with."""
+def describe(error: errors.ServerError, model: str | None = None) -> tuple[int, str, str]:
+    """The status, exception type and message TorchServe would answer with (``model``: the model
+    an inference request named, for TorchServe's "no worker" sentence)."""
     status = getattr(error, "status", None)  # a handler's own code (runtime.torchserve.handler)
     if isinstance(status, int) and isinstance(error, errors.ModelFailed):
         return status, "InternalServerException", error.message
@@ -34,7 +38,7 @@ def describe(error: errors.ServerError, model: str) -> tuple[int, str, str]:
                 f"Model version: {error.version} does not exist for model: {error.name}",
             )
         return 404, "ModelNotFoundException", f"Model not found: {error.name}"
-    if isinstance(error, errors.Overloaded | errors.ModelNotReady):
+    if model is not None and isinstance(error, errors.Overloaded | errors.ModelNotReady):
         return 503, "ServiceUnavailableException", NO_WORKER.format(name=model)
     for cls, code, kind in TABLE:
         if isinstance(error, cls):

@@ -30,7 +30,7 @@ from google.rpc import status_pb2
 from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
-from ..management import ManagementKey
+from ..management import Management, ManagementKey
 from ..types import InferenceRequest
 from .error_body import describe
 from .frontend import FrontEnd
@@ -196,14 +196,15 @@ def inference_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]
 
 
 def torchserve_services(
-    dataplane: DataPlane, management_key: ManagementKey | None = None
+    dataplane: DataPlane, management: Management, management_key: ManagementKey | None = None
 ) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
-    """TorchServe's gRPC services, by full service name, for the server's one gRPC server; the
-    management service needs ``management_key`` (unless None), as the management REST API does."""
+    """TorchServe's gRPC services, by full service name, for the server's one gRPC server: the
+    management service is ``management``'s operations (the management REST API's) and needs
+    ``management_key`` (unless None), as the management REST API does."""
     from .management_grpc import SERVICE as MANAGEMENT
     from .management_grpc import management_handlers
 
     return {
         SERVICE: inference_handlers(dataplane),
-        MANAGEMENT: management_handlers(dataplane, management_key),
+        MANAGEMENT: management_handlers(management, management_key),
     }

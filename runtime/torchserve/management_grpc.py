@@ -2,17 +2,14 @@
 every call answers ``ManagementResponse{msg}``, ``msg`` being what TorchServe's management REST API
 answers (a JSON document, or a status sentence).
 
-- ``ListModels``: ``{"models": [{"modelName", "modelUrl"}], "nextPageToken"?}`` by name, ``limit``
-  per page (0, unset: none, as TorchServe answers), ``next_page_token`` the offset.
-- ``DescribeModel``: the list TorchServe describes a model with (its settings, one worker: models
-  run in this process); unknown model: NOT_FOUND.
-- ``RegisterModel``: ``url`` names a ``.mar`` (or an unpacked archive folder) in the model store (the
-  server's model folder) or a path; it is loaded as at startup. Already loaded: ALREADY_EXISTS
-  (TorchServe's 409). URLs of remote archives are refused (nothing is downloaded).
-- ``UnregisterModel``: unloads the model (one version, or all of them).
-- ``ScaleWorker`` and ``SetDefault``: the management core operations (``runtime.management``), as
-  the management REST API calls them: worker processes for the model (zero fields are TorchServe's
-  defaults: ``min_worker`` 1, ``max_worker`` = ``min_worker``), and its default version.
+Each call is the management core's operation (``runtime.management.Management``), the one the
+management REST API calls, so both front ends list, describe, register (the same ``allowed_urls``,
+TorchServe archives and model folders alike), scale, set defaults and unregister alike; only the
+translation is here. A refusal is TorchServe's error table's (``runtime.torchserve.error_body``)
+status as TorchServe's gRPC code (400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 404 NOT_FOUND, 409
+ABORTED, 5xx INTERNAL or UNAVAILABLE), with its message. Zero fields are TorchServe's defaults:
+``limit`` 0 gives an empty page (as TorchServe answers), ``min_worker`` 0 is 1, ``max_worker`` 0 is
+``min_worker``, ``initial_workers`` 0 is the model's own setting.
 
 Token authorization (TorchServe 0.11.1+): with the management key on (``management_token_auth``,
 the default), every call must carry the metadata ``authorization: Bearer <key>``, the key the
@@ -22,197 +19,77 @@ PERMISSION_DENIED and TorchServe's sentence, before the method runs.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from ..dataplane import DataPlane
-from ..errors import InvalidInput, ModelNotFound
+from ..errors import ServerError
 from ..grpc.generated import ts_management_pb2 as pb
 from ..management import Management, ManagementKey
 from ..management.api import AUTH_FAILED
-from ..registry import ModelEntry
-from ..types import State
-from .archive import ArchiveError, archive_settings
+from ..management.operations import default_set, scaled, unregistered
+from .error_body import describe
+from .inference_grpc import grpc_code
 
 SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
-_STARTED = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-
-
-def _torchserve(entry: ModelEntry) -> dict[str, Any]:
-    extra = entry.settings.parameters.extra if entry.settings.parameters else {}
-    found = extra.get("torchserve") if isinstance(extra, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
-def model_url(entry: ModelEntry) -> str:
-    archive = _torchserve(entry).get("archive")
-    return Path(archive).name if archive else ""
-
-
-def describe_entry(entry: ModelEntry) -> dict[str, Any]:
-    """One model version as TorchServe's describe call shows it."""
-    settings = entry.settings
-    config = _torchserve(entry).get("config") or {}
-    batch = max(settings.max_batch_size, 1)
-    return {
-        "modelName": entry.name,
-        "modelVersion": entry.version or "",
-        "modelUrl": model_url(entry),
-        "runtime": "python",
-        "minWorkers": config.get("minWorkers", 1),
-        "maxWorkers": config.get("maxWorkers", 1),
-        "batchSize": batch,
-        "maxBatchDelay": int(settings.max_batch_time * 1000)
-        if batch > 1
-        else config.get("maxBatchDelay", 100),
-        "responseTimeout": config.get("responseTimeout", 120),
-        "startupTimeout": config.get("startupTimeout", 120),
-        "maxRetryTimeoutInSec": config.get("maxRetryTimeoutInSec", 300),
-        "clientTimeoutInMills": config.get("clientTimeoutInMills", 0),
-        "parallelType": config.get("parallelType", ""),
-        "parallelLevel": config.get("parallelLevel", 0),
-        "deviceType": config.get("deviceType", "cpu"),
-        "continuousBatching": settings.continuous_batching,
-        "useJobTicket": bool(config.get("useJobTicket", False)),
-        "useVenv": bool(config.get("useVenv", False)),
-        "stateful": settings.sequence_batching,
-        "sequenceMaxIdleMSec": settings.max_sequence_idle_ms if settings.sequence_batching else 0,
-        "sequenceTimeoutMSec": settings.sequence_timeout_ms,
-        "maxNumSequence": settings.max_sequences if settings.sequence_batching else 0,
-        "maxSequenceJobQueueSize": settings.max_sequence_queue_size if settings.sequence_batching else 0,
-        "loadedAtStartup": True,
-        "workers": [
-            {
-                "id": "9000",
-                "startTime": _STARTED,
-                "status": "READY" if entry.state is State.READY else entry.state.value,
-                "memoryUsage": 0,
-                "pid": os.getpid(),
-                "gpu": False,
-                "gpuUsage": "N/A",
-            }
-        ],
-        "jobQueueStatus": {"remainingCapacity": settings.max_queue_size, "pendingRequests": 0},
-    }
 
 
 def _json(document: Any) -> Any:
     return pb.ManagementResponse(msg=json.dumps(document, indent=2))
 
 
-class ManagementApi:
-    """The ManagementAPIsService methods over one DataPlane."""
+def _refused(method: Method) -> Method:
+    """``method``, its core errors answered as TorchServe's gRPC management answers them."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.dataplane = dataplane
-        self.ops = Management(dataplane.settings, dataplane.registry)
-        """The management core operations (scale, set-default), as the management REST API uses them."""
+    async def translated(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await method(request, context)
+        except ServerError as exc:
+            status, _, message = describe(exc)
+            await context.abort(grpc_code(status), message)
+
+    return translated
+
+
+class ManagementApi:
+    """The ManagementAPIsService methods over the management core operations."""
+
+    def __init__(self, management: Management) -> None:
+        self.ops = management
 
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        entries = {e.name: e for e in sorted(self.dataplane.registry.entries(), key=lambda e: e.name)}
-        names = sorted(entries)
-        start = max(request.next_page_token, 0)
-        page = names[start : start + max(request.limit, 0)]
-        document: dict[str, Any] = {}
-        if start + len(page) < len(names) and page:
-            document["nextPageToken"] = str(start + len(page))
-        document["models"] = [{"modelName": n, "modelUrl": model_url(entries[n])} for n in page]
-        return _json(document)
+        return _json(self.ops.list_models(request.limit, request.next_page_token))
 
     async def DescribeModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        name, version = request.model_name, request.model_version or None
-        entries = [e for e in self.dataplane.registry.entries() if e.name == name]
-        if version == "all":
-            chosen = entries
-        else:
-            try:
-                chosen = [self.dataplane.registry.find(name, version)]
-            except ModelNotFound:
-                chosen = []
-        if not chosen:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {name}")
-        return _json([describe_entry(e) for e in chosen])
+        version = request.model_version or None
+        every = version == "all"
+        return _json(self.ops.describe(request.model_name, None if every else version, every))
 
     async def RegisterModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        url = request.url
-        if not url:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Parameter url is required.")
-        if "://" in url and not url.startswith("file://"):
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"Cannot register {url}: this server loads archives from its model store or a path only",
-            )
-        path = Path(url.removeprefix("file://"))
-        if ".." in path.parts:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found in model store: {url}")
-        if not path.is_absolute():
-            path = Path(self.dataplane.settings.model_repository_root) / path
-        if not path.exists():
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found in model store: {url}")
-        try:
-            settings = await asyncio.to_thread(archive_settings, path)
-        except ArchiveError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if request.model_name:
-            settings.name = request.model_name
-        if any(
-            e.name == settings.name and e.version == settings.version
-            for e in self.dataplane.registry.entries()
-        ):
-            await context.abort(
-                grpc.StatusCode.ALREADY_EXISTS,
-                f"Model version {settings.version} is already registered for model {settings.name}",
-            )
-        entry = await self.dataplane.registry.load(settings)
-        if entry.state is State.UNAVAILABLE:
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"Model {settings.name!r} failed to load: {entry.reason}"
-            )
-        return pb.ManagementResponse(
-            msg=f'Model "{settings.name}" Version: {settings.version or ""} registered with 1 initial workers'
+        done = await self.ops.register(
+            request.url, request.model_name or None, request.initial_workers or None, request.synchronous
         )
+        return pb.ManagementResponse(msg=done.status())
 
     async def UnregisterModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        name = request.model_name
-        try:
-            await self.dataplane.registry.unload(name, request.model_version or None)
-        except ModelNotFound:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {name}")
-        return pb.ManagementResponse(msg=f'Model "{name}" unregistered')
+        name, version = request.model_name, request.model_version or None
+        await self.ops.unregister(name, version)
+        return pb.ManagementResponse(msg=unregistered(name, version))
 
     async def ScaleWorker(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         name, version = request.model_name, request.model_version or None
-        minimum = request.min_worker or 1  # zero fields are TorchServe's defaults
-        maximum = request.max_worker or minimum
-        try:
-            count = await self.ops.scale(name, version, minimum, maximum, request.synchronous)
-        except ModelNotFound:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {name}")
-        except InvalidInput as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        if not request.synchronous:
-            return pb.ManagementResponse(msg="Processing worker updates...")
-        suffix = f", version: {version}" if version else ""
-        return pb.ManagementResponse(msg=f"Workers scaled to {count} for model: {name}{suffix}")
+        minimum = request.min_worker or 1
+        count = await self.ops.scale(
+            name, version, minimum, request.max_worker or minimum, request.synchronous
+        )
+        return pb.ManagementResponse(msg=scaled(name, version, count, request.synchronous))
 
     async def SetDefault(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         name, version = request.model_name, request.model_version
-        try:
-            self.ops.set_default(name, version)
-        except ModelNotFound:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"Model version: {version} does not exist for model: {name}"
-            )
-        return pb.ManagementResponse(
-            msg=f'Default version successfully updated for model "{name}" to "{version}"'
-        )
+        self.ops.set_default(name, version)
+        return pb.ManagementResponse(msg=default_set(name, version))
 
 
 Method = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
@@ -233,10 +110,10 @@ def _authorized(method: Method, key: ManagementKey) -> Method:
 
 
 def management_handlers(
-    dataplane: DataPlane, key: ManagementKey | None = None
+    management: Management, key: ManagementKey | None = None
 ) -> dict[str, grpc.RpcMethodHandler]:
     """The ManagementAPIsService method handlers, by method name; each needs ``key`` unless it is None."""
-    api = ManagementApi(dataplane)
+    api = ManagementApi(management)
     requests: dict[str, Any] = {
         "ListModels": pb.ListModelsRequest,
         "DescribeModel": pb.DescribeModelRequest,
@@ -247,7 +124,7 @@ def management_handlers(
     }
     return {
         name: grpc.unary_unary_rpc_method_handler(
-            getattr(api, name) if key is None else _authorized(getattr(api, name), key),
+            _refused(getattr(api, name)) if key is None else _authorized(_refused(getattr(api, name)), key),
             request_deserializer=message.FromString,
             response_serializer=pb.ManagementResponse.SerializeToString,
         )

@@ -102,7 +102,7 @@ async def test_register_describe_list_and_unregister(admin: Admin, tmp_path: Pat
         assert missing.json() == {
             "code": 404,
             "type": "ModelNotFoundException",
-            "message": "Model 'echo' not found",
+            "message": "Model not found: echo",  # TorchServe's sentence
         }
 
 
