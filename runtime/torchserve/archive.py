@@ -13,7 +13,8 @@ model-settings.json is needed: the yaml's keys map onto this server's model sett
     sequenceTimeoutMSec     sequence_timeout_ms
     maxNumSequence          max_sequences (default max(batchSize x maxWorkers, 1), as documented)
     maxSequenceJobQueueSize max_sequence_queue_size
-    minWorkers, maxWorkers, responseTimeout, ... kept as they are in ``parameters.extra["torchserve"]``
+    responseTimeout (s)     request_timeout (seconds; streams are not limited by it)
+    minWorkers, maxWorkers, startupTimeout, ... kept as they are in ``parameters.extra["torchserve"]``
 
 Other sections (e.g. ``handler:``) reach only the handler, through ``ctx.model_yaml_config``.
 A ``.mar`` file is unpacked once into a cache folder next to it (``.mar-unpacked/<name>``, or a
@@ -208,6 +209,8 @@ def archive_settings(archive: Path) -> ModelSettings:
             extra={"torchserve": {"manifest": manifest, "config": config, "archive": str(archive)}},
         ),
     }
+    if "responseTimeout" in config:  # seconds an answer may take (TorchServe: then the request fails)
+        fields["request_timeout"] = max(_int(config, "responseTimeout", 120), 0)
     if "jobQueueSize" in config:
         fields["max_queue_size"] = max(_int(config, "jobQueueSize", 1), 1)
     if sequences:
