@@ -3,6 +3,8 @@ TorchServe-shaped front end (inference REST and gRPC, management REST and gRPC).
 
 from __future__ import annotations
 
+import grpc
+
 from .. import errors
 
 NO_WORKER = (
@@ -44,3 +46,25 @@ def describe(error: errors.ServerError, model: str | None = None) -> tuple[int, 
         if isinstance(error, cls):
             return code, kind, error.message
     return 500, "InternalServerException", error.message
+
+
+CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+"""A handler's (or the server's) HTTP status to TorchServe's gRPC code; other 4xx are
+FAILED_PRECONDITION, other 5xx INTERNAL."""
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    if status in CODES:
+        return CODES[status]
+    if 400 <= status < 500:
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL

@@ -5,7 +5,7 @@ served by the same gRPC server as the OIP service: a translator onto :class:`.fr
 - ``Predictions``: ``input`` entries reach the handler as ``data[i][key]`` (bytes, never decoded);
   gRPC metadata does not reach the handler; ``prediction`` is the answer (a streamed answer's
   chunks joined). Errors abort the call with TorchServe's codes (unknown model: INTERNAL "Model
-  not found: M"; a handler's status through :data:`CODES`).
+  not found: M"; a handler's status through ``error_body.CODES``).
 - ``StreamPredictions``: one message per answer, intermediate ones first.
 - ``StreamPredictions2``: a bidirectional stream of requests of one or more sequences; each
   request's answers come back in order, as ``prediction`` only. An error is answered in the stream
@@ -32,33 +32,12 @@ from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
 from ..management import Management, ManagementKey
 from ..types import InferenceRequest
-from .error_body import describe
+from .error_body import describe, grpc_code
 from .frontend import FrontEnd
 from .payload import Answer, Entry
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 SEQUENCE_KEYS = ("ts_request_sequence_start", "ts_request_sequence_end")
-
-CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-"""A handler's (or the server's) HTTP status to TorchServe's gRPC code; other 4xx are
-FAILED_PRECONDITION, other 5xx INTERNAL."""
-
-
-def grpc_code(status: int) -> grpc.StatusCode:
-    if status in CODES:
-        return CODES[status]
-    if 400 <= status < 500:
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL
 
 
 def error_status(error: ServerError, model: str) -> tuple[grpc.StatusCode, str]:

@@ -30,8 +30,7 @@ from ..grpc.generated import ts_management_pb2 as pb
 from ..management import Management, ManagementKey
 from ..management.api import AUTH_FAILED
 from ..management.operations import default_set, scaled, unregistered
-from .error_body import describe
-from .inference_grpc import grpc_code
+from .error_body import describe, grpc_code
 
 SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 
