@@ -85,14 +85,14 @@ async def added_cost(calls: int = 100_000) -> float:
         async def answer(self, scope: Any, receive: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             return start, body
 
-    async def answered(request: Any, name: str, version: str | None) -> InferenceResponse:
+    async def answered(request: Any, entry: Any) -> InferenceResponse:
         return response
 
     apps = {}
     for on, plane in planes.items():
         app = Observability(plane.settings, plane).wrap_rest(create_app(plane))
         app._api = Answered()
-        plane._infer = answered  # type: ignore[method-assign]
+        plane._serve = answered  # type: ignore[method-assign]
         apps[on] = app
 
     async def send(message: Any) -> None:

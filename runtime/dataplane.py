@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from .errors import ModelFailed, ModelNotFound, RequestTimeout, ShuttingDown
+from .errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
 from .fairness import LoopTurns
 from .generate import (
     GenerateRequest,
@@ -145,19 +145,26 @@ class DataPlane:
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response."""
         observer = self.observer
-        watch = observer.begin(name, version) if observer is not None else None
+        if observer is None:
+            return await self._serve(request, self._entry(name, version))
+        try:  # the version is found once, for the observer and the request alike
+            entry = self._entry(name, version)
+        except ServerError as exc:
+            observer.refused(name, version, exc)
+            raise
+        watch = observer.begin(entry, name, version)
         if watch is None:
-            return await self._infer(request, name, version)
+            return await self._serve(request, entry)
         try:  # counted and traced here, in this frame: no wrapper coroutine on the hot path
-            response = await self._infer(request, name, version)
+            response = await self._serve(request, entry)
         except BaseException as exc:
             Observer.done(watch, exc)
             raise
         Observer.done(watch, None)
         return response
 
-    async def _infer(self, request: InferenceRequest, name: str, version: str | None) -> InferenceResponse:
-        entry = self._entry(name, version)
+    async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
+        name = entry.name
         prepare_request(request, entry)
         assert entry.scheduler is not None
         limit = queue_timeout(request, entry.settings.request_timeout)

@@ -44,14 +44,14 @@ class Observability:
         """The REST app, wrapped when requests are counted, logged or traced."""
         if not self.watching_requests:
             return app
-        from .access import ObservedApp, rest_counter
+        from .access import ObservedApp, route_counter
 
         recorder = self.recorder
         if recorder is not None and self.counting_only:
             count_requests = getattr(app, "count_requests", None)
             if count_requests is not None:  # the app counts its hot path itself: no wrapper there
                 count_requests(
-                    rest_counter(recorder), lambda inner: ObservedApp(inner, recorder, False, None)
+                    route_counter(recorder), lambda inner: ObservedApp(inner, recorder, False, None)
                 )
                 return app
         return ObservedApp(app, recorder, self.access_log, self.tracing)

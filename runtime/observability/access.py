@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..ids import new_id
-from .counts import Recorder
+from .counts import DURATION_BUCKETS, Histogram, Recorder
 
 if TYPE_CHECKING:
     from .tracing import Tracing
@@ -101,15 +102,24 @@ def route_of(scope: dict[str, Any]) -> str:
     return route
 
 
-def rest_counter(recorder: Recorder) -> Callable[[dict[str, Any], int, float], None]:
-    """What counts one answered REST request into ``recorder`` (by method, route and status), for an
-    app that reports its requests itself (``RestApp.count_requests``)."""
-    record = recorder.rest_request
+def route_counter(recorder: Recorder) -> Callable[[str, str], Callable[[int, float], None]]:
+    """For an app that reports its requests itself (``RestApp.count_requests``): what gives, for a
+    method and route template, what counts one answered request of it into ``recorder`` (by
+    status; each status's histogram found once)."""
 
-    def count(scope: dict[str, Any], status: int, seconds: float) -> None:
-        record(scope["method"], route_of(scope), status, seconds)
+    def counter(method: str, route: str) -> Callable[[int, float], None]:
+        histograms: dict[int, Histogram] = {}
 
-    return count
+        def count(status: int, seconds: float) -> None:
+            histogram = histograms.get(status)
+            if histogram is None:
+                histogram = histograms[status] = recorder.rest_histogram(method, route, status)
+            histogram.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
+            histogram.sum += seconds
+
+        return count
+
+    return counter
 
 
 class ObservedApp:

@@ -91,11 +91,15 @@ class Recorder:
         return counters
 
     def rest_request(self, method: str, path: str, status: int, seconds: float) -> None:
+        self.rest_histogram(method, path, status).observe(seconds)
+
+    def rest_histogram(self, method: str, path: str, status: int) -> Histogram:
+        """The durations of the REST requests of a method, route and status, to keep and add to."""
         key = (method, path, str(status))
         histogram = self.rest.get(key)
         if histogram is None:
             histogram = self.rest[key] = Histogram()
-        histogram.observe(seconds)
+        return histogram
 
     def grpc_method(self, kind: str, service: str, method: str) -> MethodCounters:
         """The counters of one gRPC method (``kind``: unary, bidi_stream), to keep and add to."""

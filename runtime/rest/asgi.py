@@ -39,6 +39,11 @@ _SUFFIX = "/infer"
 _TS_PREFIX = "/predictions/"  # TorchServe's inference route, the hot path of its users
 _TS_MODEL = "/predictions/{model_name}"
 _TS_VERSIONED = "/predictions/{model_name}/{model_version}"
+_INFER = "/v2/models/{model_name}/infer"
+_INFER_VERSIONED = "/v2/models/{model_name}/versions/{model_version}/infer"
+
+Count = Callable[[int, float], None]
+"""Counts one answered request of a known route: its status and its seconds."""
 
 
 class RestApp(Starlette):
@@ -52,16 +57,24 @@ class RestApp(Starlette):
         predictions = {r.path: r.endpoint for r in routes if isinstance(r, Route)}
         self._predictions = predictions[_TS_MODEL], predictions[_TS_VERSIONED]
         self._handled = {k: v for k, v in handlers.items() if k is not Exception}
-        self._count: Callable[[Scope, int, float], None] | None = None
+        self._infer_count: Count | None = None
+        self._versioned_count: Count | None = None
+        self._ts_counts: dict[tuple[str, str], Count] = {}
         self._other: ASGIApp = super().__call__
 
     def count_requests(
-        self, count: Callable[[Scope, int, float], None], wrap: Callable[[ASGIApp], ASGIApp]
+        self, counter: Callable[[str, str], Count], wrap: Callable[[ASGIApp], ASGIApp]
     ) -> None:
-        """Count every request (the metrics alone: no access log, no traces): an infer request by
-        ``count(scope, status, seconds)`` once it is answered, here, with no wrapper around the hot
-        path; every other request through ``wrap(app)``."""
-        self._count = count
+        """Count every request (the metrics alone: no access log, no traces): a directly dispatched
+        request by its route's ``counter(method, route)`` once it is answered, here, with no
+        wrapper around the hot path; every other request through ``wrap(app)``."""
+        self._infer_count = counter("POST", _INFER)
+        self._versioned_count = counter("POST", _INFER_VERSIONED)
+        self._ts_counts = {
+            (method, route): counter(method, route)
+            for method in ("POST", "PUT")
+            for route in (_TS_MODEL, _TS_VERSIONED)
+        }
         self._other = wrap(self._other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,23 +84,23 @@ class RestApp(Starlette):
                 parts = path[len(_PREFIX) : -len(_SUFFIX)].split("/")
                 if len(parts) == 1 and parts[0]:
                     self._routed(scope, self._endpoint, {"model_name": parts[0]})
-                    await self._infer(scope, receive, send)
+                    await self._infer(scope, receive, send, self._infer_count)
                     return
                 if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
                     params = {"model_name": parts[0], "model_version": parts[2]}
                     self._routed(scope, self._versioned_endpoint, params)
-                    await self._infer(scope, receive, send)
+                    await self._infer(scope, receive, send, self._versioned_count)
                     return
             elif method in ("POST", "PUT") and path.startswith(_TS_PREFIX):  # `curl -T` sends a PUT
                 parts = path[len(_TS_PREFIX) :].split("/")
                 if len(parts) == 1 and parts[0]:
                     self._routed(scope, self._predictions[0], {"model_name": parts[0]})
-                    await self._prediction(scope, receive, send)
+                    await self._prediction(scope, receive, send, self._ts_counts.get((method, _TS_MODEL)))
                     return
                 if len(parts) == 2 and parts[0] and parts[1]:
                     params = {"model_name": parts[0], "model_version": parts[1]}
                     self._routed(scope, self._predictions[1], params)
-                    await self._prediction(scope, receive, send)
+                    await self._prediction(scope, receive, send, self._ts_counts.get((method, _TS_VERSIONED)))
                     return
         await self._other(scope, receive, send)
 
@@ -98,11 +111,10 @@ class RestApp(Starlette):
         scope["endpoint"] = endpoint
         scope["path_params"] = params
 
-    async def _prediction(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _prediction(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
         """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
         an infer request is (a longer path, with segments for the handler, goes through the router)."""
         endpoint = scope["endpoint"]
-        count = self._count
         began = time.perf_counter() if count is not None else 0.0
         status: list[int] = []
 
@@ -120,10 +132,9 @@ class RestApp(Starlette):
                 status.append(await self._failed(scope, receive, send, exc))
         finally:
             if count is not None:
-                count(scope, status[0] if status else 500, time.perf_counter() - began)
+                count(status[0] if status else 500, time.perf_counter() - began)
 
-    async def _infer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        count = self._count
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
         began = time.perf_counter() if count is not None else 0.0
         status = 500  # what the client gets when answering fails before the response starts
         try:
@@ -137,7 +148,7 @@ class RestApp(Starlette):
             await send(body)
         finally:
             if count is not None:
-                count(scope, status, time.perf_counter() - began)
+                count(status, time.perf_counter() - began)
 
     async def _failed(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> int:
         """Answer ``exc`` as Starlette's two error middlewares would (nothing was sent yet); return
