@@ -62,7 +62,7 @@ class Observer:
     def begin(self, entry: ModelEntry, name: str, version: str | None) -> Watch | None:
         """What :meth:`done` needs to count and trace one inference request for ``entry`` (asked
         for as ``name`` and ``version``), which starts now; None when there is nothing to do."""
-        counters = self._counters(entry)
+        counters = self._entry_counters if entry is self._entry else self._counters(entry)
         tracing = self.tracing
         if counters is None and tracing is None:
             return None
