@@ -132,8 +132,14 @@ class DataPlane:
     # ------------------------------------------------------------------ inference
 
     def check_model(self, name: str, version: str | None = None) -> None:
-        """Raise now if the model cannot take a request, before a transport reads the body."""
-        self._entry(name, version)
+        """Raise now if the model cannot take a request, before a transport reads the body (a
+        refusal is counted as ``infer`` counts one)."""
+        try:
+            self._entry(name, version)
+        except ServerError as exc:
+            if self.observer is not None:
+                self.observer.refused(name, version, exc)
+            raise
 
     def _entry(self, name: str, version: str | None) -> ModelEntry:
         if self.draining:

@@ -494,3 +494,25 @@ async def test_stream_access_lines_name_their_models(access_lines: list[str]) ->
         "OK",
     )
     assert (rpc["request_id"], rpc["sequence_id"]) == ("s-0", "g7")
+
+
+async def test_requests_refused_before_their_model_are_counted_as_rejected() -> None:
+    """A request to a model version that exists but cannot serve (it failed to load) is a failure
+    of that version, rejected as ``not_ready``; one to an unknown model is no label at all."""
+    async with serving(
+        ModelSettings(name="echo", implementation=zoo.Echo),
+        ModelSettings(name="broken", implementation=zoo.FailingLoad),
+    ) as server:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            for _ in range(3):
+                refused = await client.post("/v2/models/broken/infer", json=ECHO)
+                assert refused.status_code == 503 and "error" in refused.json()
+            assert (await client.post("/v2/models/nowhere/infer", json=ECHO)).status_code == 404
+        assert server.metrics_port is not None
+        samples = await scrape(server.metrics_port)
+    broken = {"model_name": "broken", "model_version": ""}
+    assert value(samples, "model_infer_request_failure_total", **broken) == 3
+    assert value(samples, "model_infer_request_rejected_total", **broken, reason="not_ready") == 3
+    assert value(samples, "model_infer_request_duration_count", **broken) == 3
+    assert value(samples, "nv_inference_pending_request_count", model="broken", version="") == 0
+    assert not any(dict(labels).get("model_name") == "nowhere" for _, labels in samples)
