@@ -170,8 +170,9 @@ class Worker:
         self._send(("ready", 0, os.getpid()))
 
     def _sequence_gone(self, key: str, reason: str) -> None:
-        """A sequence ended here (whatever ended it): the server forgets that this worker holds it."""
-        self._send(("ended", 0, key))
+        """A sequence ended here (whatever ended it): the server forgets that this worker holds it,
+        and counts why it ended."""
+        self._send(("ended", 0, (key, reason)))
 
     async def _stop(self) -> None:
         others = [t for t in self.tasks.values() if t is not asyncio.current_task()]

@@ -103,8 +103,16 @@ class ForwardingScheduler(Scheduler):
             yield response
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "scheduler": "continuous",
             "in": "each worker",
             "max_batch_size": self.settings.max_batch_size,
         }
+        if self.settings.sequence_batching:  # what the server knows of the workers' sequences
+            pool = self.workers.pool
+            described["sequence_stats"] = {
+                "open_sequences": len(pool.owners),
+                "states_held": len(pool.owners),
+                "ended": dict(pool.ended_by),
+            }
+        return described

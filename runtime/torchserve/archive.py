@@ -14,7 +14,8 @@ model-settings.json is needed: the yaml's keys map onto this server's model sett
     maxNumSequence          max_sequences (default max(batchSize x maxWorkers, 1), as documented)
     maxSequenceJobQueueSize max_sequence_queue_size
     responseTimeout (s)     request_timeout (seconds; streams are not limited by it)
-    minWorkers, maxWorkers, startupTimeout, ... kept as they are in ``parameters.extra["torchserve"]``
+    minWorkers              workers: worker processes, each with its own handler (0: the server's)
+    maxWorkers, startupTimeout, ... kept as they are in ``parameters.extra["torchserve"]``
 
 Other sections (e.g. ``handler:``) reach only the handler, through ``ctx.model_yaml_config``.
 A ``.mar`` file is unpacked once into a cache folder next to it (``.mar-unpacked/<name>``, or a
@@ -209,6 +210,8 @@ def archive_settings(archive: Path) -> ModelSettings:
             extra={"torchserve": {"manifest": manifest, "config": config, "archive": str(archive)}},
         ),
     }
+    if "minWorkers" in config:  # TorchServe's worker processes: as many of this server's
+        fields["workers"] = max(_int(config, "minWorkers", 1), 0)
     if "responseTimeout" in config:  # seconds an answer may take (TorchServe: then the request fails)
         fields["request_timeout"] = max(_int(config, "responseTimeout", 120), 0)
     if "jobQueueSize" in config:

@@ -28,6 +28,7 @@ from typing import Any
 from lru import LRU
 
 from ..errors import ModelNotReady, SequenceError
+from ..sequences.sequence_model import END_REASONS
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .process import WorkerProcess, WorkerStartTimeout
@@ -69,6 +70,8 @@ class WorkerPool:
         self.ended: LRU[str, WorkerProcess] = LRU(LOST_MEMORY)
         """Sequences that recently ended inside their worker → that worker (which remembers why:
         their next request goes there to hear it)."""
+        self.ended_by: dict[str, int] = dict.fromkeys(END_REASONS, 0)
+        """Sequences ended inside the workers' own batchers, by reason (theirs, or ``worker_lost``)."""
         self.restarts = 0
         self._ids = itertools.count(1)
         self._turn = itertools.count()
@@ -142,6 +145,7 @@ class WorkerPool:
         worker.sequences.clear()
         if keys:
             why = worker.reason or f"worker {worker.id} stopped"
+            self.ended_by["worker_lost"] = self.ended_by.get("worker_lost", 0) + len(keys)
             for key in keys:
                 if self.owners.get(key) is worker:
                     del self.owners[key]
@@ -162,8 +166,9 @@ class WorkerPool:
         self._spawn_task(self._restart(worker.id, self._backoff if young else 0.0))
         self._changed.set()
 
-    def _on_ended(self, worker: WorkerProcess, key: str) -> None:
+    def _on_ended(self, worker: WorkerProcess, key: str, reason: str) -> None:
         """A sequence ended inside ``worker`` (its own batcher ended it): forget that it holds it."""
+        self.ended_by[reason] = self.ended_by.get(reason, 0) + 1
         if self.owners.get(key) is worker:
             self.release(key)
             self.ended[key] = worker

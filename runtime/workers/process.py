@@ -81,13 +81,13 @@ class WorkerProcess:
         settings: ModelSettings,
         worker_id: int,
         on_exit: Callable[[WorkerProcess], None],
-        on_ended: Callable[[WorkerProcess, str], None] | None = None,
+        on_ended: Callable[[WorkerProcess, str, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.id = worker_id
         self.on_exit = on_exit
         self.on_ended = on_ended
-        """Told of each sequence that ended in the process's own batcher (continuous batching)."""
+        """Told of each sequence that ended in the process's own batcher (continuous batching), and why."""
         self.status: Status = "STARTING"
         self.pid: int | None = None
         self.started_at = time.time()
@@ -265,7 +265,8 @@ class WorkerProcess:
     def _on_control(self, kind: str, payload: Any) -> None:
         if kind == "ended":
             if self.on_ended is not None:
-                self.on_ended(self, payload)
+                key, reason = payload
+                self.on_ended(self, key, reason)
         elif kind == "ready":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(None)

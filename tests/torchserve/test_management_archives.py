@@ -6,6 +6,7 @@ TorchServe's error types and gRPC codes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,30 @@ async def test_a_mar_registers_through_rest_and_grpc_alike(tmp_path: Path) -> No
                 worker.pop("memoryUsage")
         assert grpc_described == rest_described
         assert rest_described[0]["modelUrl"] == "echo.mar" and rest_described[0]["modelVersion"] == "1.0"
+
+
+async def test_min_workers_of_model_config_are_worker_processes(tmp_path: Path) -> None:
+    """``minWorkers: 2`` in model-config.yaml: two worker processes, each with its own handler,
+    as TorchServe runs them; described with their pids, and each request answered by one of them."""
+    store = tmp_path / "store"
+    store.mkdir()
+    config = tmp_path / "model-config.yaml"
+    config.write_text("minWorkers: 2\nmaxWorkers: 2\n")
+    run_model_archiver(
+        "--model-name", "echo", "--version", "1.0", "--handler", str(HANDLERS / "echo_handler.py"),
+        "--config-file", str(config), "--export-path", str(store),
+    )  # fmt: skip
+    async with serving(model_repository_root=str(store), management_token_auth=False) as server:
+        assert server.management_port is not None
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.management_port}") as admin:
+            registered = await admin.post("/models", params={"url": "echo.mar", "synchronous": "true"})
+            assert registered.json() == {
+                "status": 'Model "echo" Version: 1.0 registered with 2 initial workers'
+            }
+            described = (await admin.get("/models/echo")).json()[0]
+        assert described["parallelType"] == "workers" and described["minWorkers"] == 2
+        pids = {worker["pid"] for worker in described["workers"]}
+        assert len(pids) == 2 and os.getpid() not in pids
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            answer = await client.post("/predictions/echo", content=b"hello")
+        assert answer.status_code == 200 and answer.json()["data"] == {"body": {"bytes": "hello"}}

@@ -68,7 +68,7 @@ def test_archive_settings_map_model_config(tmp_path: Path) -> None:
     assert settings.max_sequence_idle_ms == 60000 and settings.max_sequences == 3
     assert settings.max_sequence_queue_size == 10
     assert settings.request_timeout == 30  # responseTimeout, seconds
-    assert settings.workers is None  # minWorkers is shown, not acted on: handlers run in the server process
+    assert settings.workers == 2  # minWorkers: worker processes
     assert settings.implementation == "runtime.torchserve.handler_model.HandlerSequenceModel"
     extra = settings.parameters.extra["torchserve"] if settings.parameters else {}
     assert extra["config"]["responseTimeout"] == 30 and extra["config"]["minWorkers"] == 2
