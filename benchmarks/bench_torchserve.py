@@ -4,9 +4,10 @@
 
 One server serves ``examples/torchserve/stateful-sequence`` (TorchServe's stateful handler, run
 unchanged from a .mar built by torch-model-archiver) with sequence batching (batchSize 32,
-maxBatchDelay 5 ms), in the server's process (no ``minWorkers``: the hop to a worker process would
-weigh on both paths alike and hide the translation's cost). N clients each run one sequence closed-loop (START, then one number per
-request, the next sent when the previous answer arrived), through four paths to the same model:
+maxBatchDelay 5 ms), in the server's process (no ``minWorkers``: the hop to a worker process
+would weigh on both paths alike and hide the translation's cost). N clients each run one sequence
+closed-loop (START, then one number per request, the next sent when the previous answer arrived),
+through four paths to the same model:
 
 - ``ts-rest``:  ``POST /predictions/stateful`` with the ``ts_request_sequence_id`` header;
 - ``oip-rest``: ``POST /v2/models/stateful/infer`` with ``sequence_id`` parameters (a BYTES input);
