@@ -106,7 +106,9 @@ async def test_min_workers_of_model_config_are_worker_processes(tmp_path: Path) 
     )  # fmt: skip
     async with serving(model_repository_root=str(store), management_token_auth=False) as server:
         assert server.management_port is not None
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.management_port}") as admin:
+        # two processes import the handler (and torch, through ts): slow on a busy machine
+        management = f"http://127.0.0.1:{server.management_port}"
+        async with httpx.AsyncClient(base_url=management, timeout=120) as admin:
             registered = await admin.post("/models", params={"url": "echo.mar", "synchronous": "true"})
             assert registered.json() == {
                 "status": 'Model "echo" Version: 1.0 registered with 2 initial workers'
