@@ -129,7 +129,9 @@ class Management:
         workers = executor.describe() if executor is not None else self._in_process(entry)
         count = len([w for w in workers if w["status"] != "STOPPED"]) if executor is not None else 0
         scheduler = entry.scheduler.describe() if entry.scheduler is not None else {}
-        config = _torchserve(entry).get("config") or {}
+        from ..torchserve.archive import kept  # not at start-up: archives may never be described
+
+        config = kept(entry.settings).get("config") or {}
         return {
             "modelName": entry.name,
             "modelVersion": entry.version,
@@ -184,7 +186,9 @@ class Management:
     def _url(entry: ModelEntry) -> str:
         """A TorchServe archive's file name (as TorchServe lists ``squeezenet1_1.mar``), else the
         model's folder."""
-        archive = _torchserve(entry).get("archive")
+        from ..torchserve.archive import kept
+
+        archive = kept(entry.settings).get("archive")
         if archive:
             return Path(archive).name
         folder = entry.settings.folder
@@ -339,13 +343,6 @@ class Management:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _torchserve(entry: ModelEntry) -> dict[str, Any]:
-    """What a TorchServe archive's model keeps of its archive (manifest, config, archive path)."""
-    extra = entry.settings.parameters.extra if entry.settings.parameters else {}
-    found = extra.get("torchserve") if isinstance(extra, dict) else None
-    return found if isinstance(found, dict) else {}
 
 
 def _read_settings(folder: Path) -> ModelSettings:

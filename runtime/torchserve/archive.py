@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import MODEL_SETTINGS_FILENAME, ModelParameters, ModelSettings
+from . import PLATFORM
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 UNPACKED = ".mar-unpacked"
@@ -182,6 +183,14 @@ def _int(config: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
+def kept(settings: ModelSettings) -> dict[str, Any]:
+    """What the settings of an archive's model keep of the archive (``manifest``, ``config``, the
+    ``archive``'s path); empty for any other model."""
+    extra = settings.parameters.extra if settings.parameters else None
+    found = extra.get(PLATFORM) if isinstance(extra, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def archive_settings(archive: Path) -> ModelSettings:
     """The model settings of an archive (unpacked if it is a .mar), from its manifest and yaml."""
     model_dir = unpack(archive)
@@ -199,7 +208,7 @@ def archive_settings(archive: Path) -> ModelSettings:
     fields: dict[str, Any] = {
         "name": name,
         "implementation": IMPLEMENTATIONS[kind],
-        "platform": "torchserve",
+        "platform": PLATFORM,
         "max_batch_size": batch_size,
         "max_batch_time": _int(config, "maxBatchDelay", 100) / 1000.0 if batch_size > 1 else 0.0,
         "continuous_batching": continuous,
@@ -207,7 +216,7 @@ def archive_settings(archive: Path) -> ModelSettings:
         "parameters": ModelParameters(
             uri=str(model_dir),
             version=str(version) if version is not None else None,
-            extra={"torchserve": {"manifest": manifest, "config": config, "archive": str(archive)}},
+            extra={PLATFORM: {"manifest": manifest, "config": config, "archive": str(archive)}},
         ),
     }
     if "minWorkers" in config:  # TorchServe's worker processes: as many of this server's

@@ -31,14 +31,13 @@ from ..errors import SequenceNotOpen
 from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
 from ..types import InferenceRequest, InferenceResponse, Parameters
+from . import PLATFORM
 from .payload import Answer, Entry, build_instances_request, build_request, read_answers
 
 HEADER_ID = "ts_request_sequence_id"
 HEADER_START = "ts_request_sequence_start"
 HEADER_END = "ts_request_sequence_end"
 EXPLAIN = "explain"
-PLATFORM = "torchserve"
-"""The ``platform`` of the settings an archive is served with (``.archive``)."""
 
 Answers = AsyncGenerator[tuple[Answer, InferenceResponse], None]
 

@@ -31,7 +31,7 @@ from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .archive import read_manifest
+from .archive import kept, read_manifest
 from .handler import HandlerRunner
 from .payload import Answer, Row, answers_response, read_rows
 
@@ -61,8 +61,7 @@ class _HandlerMixin:
 
     def _setup(self) -> None:
         model_dir = _model_dir(self.settings)
-        extra = self.settings.parameters.extra if self.settings.parameters else {}
-        manifest = (extra.get("torchserve") or {}).get("manifest") or read_manifest(model_dir)
+        manifest = kept(self.settings).get("manifest") or read_manifest(model_dir)
         batch_size = max(self.settings.max_batch_size, 1)
         self.runner = HandlerRunner(self.settings.name, model_dir, manifest, batch_size)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"handler-{self.settings.name}")
