@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
+from pydantic import BaseModel
 
 from ..types import (
     Datatype,
@@ -45,38 +46,60 @@ DIRECT: Final = 64 * 1024
 Message = tuple[str, int, Any]
 
 _set = object.__setattr__
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+"""A pydantic model's slots, set through their descriptors (``object.__setattr__`` looks each one
+up by name every time)."""
+
 _DATATYPES: Final[dict[Any, Any]] = dict(Datatype._value2member_map_)
+_DTYPES: Final[dict[str, np.dtype[Any]]] = {}
+"""numpy dtypes by the string they travel as (``np.frombuffer`` would parse the string each time)."""
+_PLAIN: Final[dict[np.dtype[Any], str | None]] = {}
+"""Each dtype seen → the string it travels as when it is a dtype of plain numbers, else None (it
+travels as numpy pickles it)."""
+
+
+def _plain_dtype(dtype: np.dtype[Any]) -> str | None:
+    """The string a dtype of plain numbers travels as; None for any other dtype."""
+    kind = _PLAIN.get(dtype, False)
+    if kind is False:
+        kind = _PLAIN[dtype] = None if dtype.hasobject or dtype.fields is not None else dtype.str
+    return kind  # type: ignore[return-value]
 
 
 def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """An array on ``data`` (writable, as the array that was sent)."""
     if type(data) is bytes:
         data = bytearray(data)
-    array = np.frombuffer(data, dtype=dtype)
-    return array if len(shape) == 1 and shape[0] == len(array) else array.reshape(shape)
+    kind = _DTYPES.get(dtype)
+    if kind is None:
+        kind = _DTYPES[dtype] = np.dtype(dtype)
+    array = np.frombuffer(data, dtype=kind)
+    return array if array.shape == shape else array.reshape(shape)
 
 
-def _plain(array: Any) -> bool:
-    """Whether ``array`` is a C-contiguous numpy array of plain numbers (it travels as raw bytes)."""
-    return (
-        type(array) is np.ndarray
-        and not array.dtype.hasobject
-        and array.dtype.fields is None
-        and array.flags.c_contiguous
-    )
-
-
-def _raw(array: np.ndarray) -> Any:
-    """An array's memory as it travels: out of band from ``DIRECT`` bytes up (a ``PickleBuffer``,
-    written as it is), else as bytes inside the pickle (cheaper than a buffer of its own)."""
-    return pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
+def _flat_array(array: Any) -> tuple[str, tuple[int, ...], Any] | None:
+    """A C-contiguous numpy array of plain numbers as ``(dtype, shape, memory)``, its memory out of
+    band from ``DIRECT`` bytes up (a ``PickleBuffer``, written as it is), else as bytes inside the
+    pickle (cheaper than a buffer of its own); None for any other object."""
+    if type(array) is not np.ndarray:
+        return None
+    kind = _plain_dtype(array.dtype)
+    if kind is None or not array.flags.c_contiguous:
+        return None
+    raw = pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
+    return kind, array.shape, raw
 
 
 def _reduce_array(array: np.ndarray) -> Any:
-    """Arrays of plain numbers travel as their raw bytes (``_raw``); others as numpy pickles them."""
-    if not _plain(array):
+    """Arrays of plain numbers travel as their raw bytes (``_flat_array``); others as numpy pickles them."""
+    flat = _flat_array(array)
+    if flat is None:
         return array.__reduce_ex__(5)
-    return _array, (_raw(array), array.dtype.str, array.shape)
+    return _array, (flat[2], flat[0], flat[1])
 
 
 # Requests and responses cross as flat tuples of their fields, not as pydantic pickles (which name
@@ -86,11 +109,12 @@ def _reduce_array(array: np.ndarray) -> Any:
 
 
 def _build(cls: Any, values: dict[str, Any], fields_set: set[str], extra: Any = None) -> Any:
-    model = cls.__new__(cls)
-    _set(model, "__dict__", values)
-    _set(model, "__pydantic_fields_set__", fields_set)
-    _set(model, "__pydantic_extra__", extra)
-    _set(model, "__pydantic_private__", None)
+    """A pydantic model with these fields, as its own unpickling makes it (no validation)."""
+    model = _new(cls)
+    _set_dict(model, values)
+    _set_fields_set(model, fields_set)
+    _set_extra(model, extra)
+    _set_private(model, None)
     return model
 
 
@@ -114,18 +138,19 @@ def _flat_tensor(tensor: Any) -> Any:
     values = tensor.__dict__
     datatype = values["datatype"]
     data = values["data"]
-    if _plain(data):
-        data, is_array = (data.dtype.str, data.shape, _raw(data)), True
-    else:
-        is_array = False
+    flat = _flat_array(data)
+    parameters = values["parameters"]
     return (
         values["name"],
         values["shape"],
-        datatype.value if type(datatype) is Datatype else datatype,
-        _flat_parameters(values["parameters"]),
-        data,
-        is_array,
+        datatype._value_ if type(datatype) is Datatype else datatype,
+        None if parameters is None else _flat_parameters(parameters),
+        data if flat is None else flat,
+        flat is not None,
     )
+
+
+_TENSOR_FIELDS: Final = frozenset({"name", "shape", "datatype", "parameters", "data"})
 
 
 def _tensor(cls: type[Any], flat: Any) -> Any:
@@ -134,20 +159,31 @@ def _tensor(cls: type[Any], flat: Any) -> Any:
     name, shape, datatype, parameters, data, is_array = flat
     if is_array:
         data = _array(data[2], data[0], data[1])
-    values = {
-        "name": name,
-        "shape": shape,
-        "datatype": _DATATYPES.get(datatype, datatype),
-        "parameters": _parameters(parameters),
-        "data": data,
-    }
-    return _build(cls, values, {"name", "shape", "datatype", "parameters", "data"})
+    model = _new(cls)
+    _set_dict(
+        model,
+        {
+            "name": name,
+            "shape": shape,
+            "datatype": _DATATYPES.get(datatype, datatype),
+            "parameters": None if parameters is None else _parameters(parameters),
+            "data": data,
+        },
+    )
+    _set_fields_set(model, set(_TENSOR_FIELDS))
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
+
+
+_REQUEST_FIELDS: Final = frozenset({"id", "parameters", "inputs", "outputs"})
+_RESPONSE_FIELDS: Final = frozenset({"model_name", "model_version", "id", "parameters", "outputs"})
 
 
 def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> InferenceRequest:
     values = {
         "id": id_,
-        "parameters": _parameters(parameters),
+        "parameters": None if parameters is None else _parameters(parameters),
         "inputs": [_tensor(RequestInput, t) for t in inputs],
         "outputs": None
         if outputs is None
@@ -158,16 +194,17 @@ def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> Infe
             for o in outputs
         ],
     }
-    request: InferenceRequest = _build(InferenceRequest, values, {"id", "parameters", "inputs", "outputs"})
+    request: InferenceRequest = _build(InferenceRequest, values, set(_REQUEST_FIELDS))
     return request
 
 
 def _reduce_request(request: InferenceRequest) -> Any:
     values = request.__dict__
     outputs = values["outputs"]
+    parameters = values["parameters"]
     return _request, (
         values["id"],
-        _flat_parameters(values["parameters"]),
+        None if parameters is None else _flat_parameters(parameters),
         [_flat_tensor(t) for t in values["inputs"]],
         None
         if outputs is None
@@ -182,20 +219,21 @@ def _response(
         "model_name": model_name,
         "model_version": model_version,
         "id": id_,
-        "parameters": _parameters(parameters),
+        "parameters": None if parameters is None else _parameters(parameters),
         "outputs": [_tensor(ResponseOutput, t) for t in outputs],
     }
-    response: InferenceResponse = _build(InferenceResponse, values, set(values))
+    response: InferenceResponse = _build(InferenceResponse, values, set(_RESPONSE_FIELDS))
     return response
 
 
 def _reduce_response(response: InferenceResponse) -> Any:
     values = response.__dict__
+    parameters = values["parameters"]
     return _response, (
         values["model_name"],
         values["model_version"],
         values["id"],
-        _flat_parameters(values["parameters"]),
+        None if parameters is None else _flat_parameters(parameters),
         [_flat_tensor(t) for t in values["outputs"]],
     )
 
@@ -221,26 +259,20 @@ class Encoder:
     def encode(self, message: Any) -> list[bytes | memoryview]:
         """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
         out, buffers = self._out, self._buffers
-        out.write(_NO_HEAD)
         try:
             self._pickler.dump(message)
-            if not buffers:
-                size = out.tell() - HEAD.size
-                with out.getbuffer() as view:
-                    HEAD.pack_into(view, 0, size, 0)
-                return [out.getvalue()]
-            body = out.getbuffer()[HEAD.size :].tobytes()
-            raws = [buffer.raw() for buffer in buffers]
+            body = out.getvalue()
+            raws = [buffer.raw() for buffer in buffers] if buffers else None
         finally:
             out.seek(0)
             out.truncate()
-            buffers.clear()
+            if buffers:
+                buffers.clear()
             self._pickler.clear_memo()
+        if raws is None:
+            return [HEAD.pack(len(body), 0) + body]
         lengths = struct.pack(f"<{len(raws)}Q", *(raw.nbytes for raw in raws))
         return [HEAD.pack(len(body), len(raws)) + lengths + body, *raws]
-
-
-_NO_HEAD: Final = bytes(HEAD.size)
 
 
 def encode(message: Any) -> list[bytes | memoryview]:
@@ -390,14 +422,16 @@ class Connection(asyncio.BufferedProtocol):
                     self._start_growing(need)
                 break
             at = self._start + HEAD.size
-            lengths = list(struct.unpack_from(f"<{count}Q", view, at)) if count else []
-            at += 8 * count
-            body = bytes(view[at : at + size])
-            self._start += need
-            if not lengths:
-                self._deliver(body, [])
+            if not count:  # unpickled straight from the staging buffer
+                self._start += need
+                with view[at : at + size] as body:
+                    message = pickle.loads(body)
+                self.on_message(message)
                 continue
-            self._body, self._lengths, self._buffers = body, lengths, []
+            lengths = list(struct.unpack_from(f"<{count}Q", view, at))
+            at += 8 * count
+            self._body, self._lengths, self._buffers = bytes(view[at : at + size]), lengths, []
+            self._start += need
         if self._start == self._end:
             self._start = self._end = 0
 
