@@ -290,6 +290,9 @@ class Connection(asyncio.BufferedProtocol):
         self.on_message = on_message
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop
+        """The loop the connection runs in (from ``connection_made``; asking for the running loop
+        costs a system call on some Pythons)."""
         self.closed = False
         self._staging = bytearray(STAGING)
         self._view = memoryview(self._staging)
@@ -326,7 +329,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._flush()
             elif not self._flush_soon:
                 self._flush_soon = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                self.loop.call_soon(self._flush)
             return
         self._flush()
         for piece in pieces:
@@ -362,6 +365,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self.loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
