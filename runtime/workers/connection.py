@@ -38,6 +38,11 @@ from ..types import (
 )
 
 HEAD: Final = struct.Struct("<II")
+FLAT_REQUEST: Final = 1 << 31
+"""Set in the head's buffer count: the message's payload is a request's fields (``_request``)."""
+FLAT_RESPONSE: Final = 1 << 30
+"""Set in the head's buffer count: the message's payload is a response's fields (``_response``)."""
+COUNT: Final = FLAT_RESPONSE - 1
 STAGING: Final = 256 * 1024
 """Size of the staging buffer small messages are read through."""
 DIRECT: Final = 64 * 1024
@@ -199,10 +204,14 @@ def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> Infe
 
 
 def _reduce_request(request: InferenceRequest) -> Any:
+    return _request, _flat_request(request)
+
+
+def _flat_request(request: InferenceRequest) -> tuple[Any, ...]:
     values = request.__dict__
     outputs = values["outputs"]
     parameters = values["parameters"]
-    return _request, (
+    return (
         values["id"],
         None if parameters is None else _flat_parameters(parameters),
         [_flat_tensor(t) for t in values["inputs"]],
@@ -227,9 +236,13 @@ def _response(
 
 
 def _reduce_response(response: InferenceResponse) -> Any:
+    return _response, _flat_response(response)
+
+
+def _flat_response(response: InferenceResponse) -> tuple[Any, ...]:
     values = response.__dict__
     parameters = values["parameters"]
-    return _response, (
+    return (
         values["model_name"],
         values["model_version"],
         values["id"],
@@ -247,6 +260,13 @@ _TABLE = {
 }
 
 
+def _rebuilt(message: tuple[str, int, Any], flat: int) -> tuple[str, int, Any]:
+    """A message whose payload travelled as a request's or a response's fields, with the payload
+    rebuilt."""
+    kind, ident, fields = message
+    return kind, ident, _request(*fields) if flat == FLAT_REQUEST else _response(*fields)
+
+
 class Encoder:
     """Pickles messages with one reused pickler (protocol 5, out-of-band buffers)."""
 
@@ -259,6 +279,13 @@ class Encoder:
     def encode(self, message: Any) -> list[bytes | memoryview]:
         """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
         out, buffers = self._out, self._buffers
+        flat = 0
+        if type(message) is tuple and len(message) == 3:
+            payload = message[2]
+            if type(payload) is InferenceResponse:
+                message, flat = (message[0], message[1], _flat_response(payload)), FLAT_RESPONSE
+            elif type(payload) is InferenceRequest:
+                message, flat = (message[0], message[1], _flat_request(payload)), FLAT_REQUEST
         try:
             self._pickler.dump(message)
             body = out.getvalue()
@@ -270,14 +297,28 @@ class Encoder:
                 buffers.clear()
             self._pickler.clear_memo()
         if raws is None:
-            return [HEAD.pack(len(body), 0) + body]
+            return [HEAD.pack(len(body), flat) + body]
         lengths = struct.pack(f"<{len(raws)}Q", *(raw.nbytes for raw in raws))
-        return [HEAD.pack(len(body), len(raws)) + lengths + body, *raws]
+        return [HEAD.pack(len(body), flat | len(raws)) + lengths + body, *raws]
 
 
 def encode(message: Any) -> list[bytes | memoryview]:
     """The pieces to write for one message (see ``Encoder``)."""
     return Encoder().encode(message)
+
+
+def decode(wire: bytes) -> list[Any]:
+    """The messages in ``wire`` (what ``encode`` wrote for each), as a connection reads them."""
+    messages: list[Any] = []
+    connection = Connection(messages.append, lambda: None)
+    view, at = memoryview(wire), 0
+    while at < len(wire):
+        buffer = connection.get_buffer(-1)
+        n = min(len(buffer), len(wire) - at)
+        buffer[:n] = view[at : at + n]
+        connection.buffer_updated(n)
+        at += n
+    return messages
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -302,6 +343,7 @@ class Connection(asyncio.BufferedProtocol):
         self._body: bytes | None = None
         self._lengths: list[int] = []
         self._buffers: list[bytearray] = []
+        self._flat = 0  # FLAT_REQUEST or FLAT_RESPONSE: what that message's payload is
         self._target: memoryview | None = None  # a big buffer being filled straight from the socket
         self._filled = 0
         self._paused = False
@@ -420,6 +462,8 @@ class Connection(asyncio.BufferedProtocol):
             if available < HEAD.size:
                 break
             size, count = HEAD.unpack_from(view, self._start)
+            flat = count & ~COUNT
+            count &= COUNT
             need = HEAD.size + 8 * count + size
             if available < need:
                 if need > len(self._staging):
@@ -430,11 +474,12 @@ class Connection(asyncio.BufferedProtocol):
                 self._start += need
                 with view[at : at + size] as body:
                     message = pickle.loads(body)
-                self.on_message(message)
+                self.on_message(_rebuilt(message, flat) if flat else message)
                 continue
             lengths = list(struct.unpack_from(f"<{count}Q", view, at))
             at += 8 * count
             self._body, self._lengths, self._buffers = bytes(view[at : at + size]), lengths, []
+            self._flat = flat
             self._start += need
         if self._start == self._end:
             self._start = self._end = 0
@@ -481,4 +526,4 @@ class Connection(asyncio.BufferedProtocol):
 
     def _deliver(self, body: bytes, buffers: list[bytearray]) -> None:
         message = pickle.loads(body, buffers=buffers)
-        self.on_message(message)
+        self.on_message(_rebuilt(message, self._flat) if self._flat else message)
