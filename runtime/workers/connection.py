@@ -92,7 +92,9 @@ def _flat_array(array: Any) -> tuple[str, tuple[int, ...], Any] | None:
     pickle (cheaper than a buffer of its own); None for any other object."""
     if type(array) is not np.ndarray:
         return None
-    kind = _plain_dtype(array.dtype)
+    kind: Any = _PLAIN.get(array.dtype, False)  # a dict hit costs less than a call
+    if kind is False:
+        kind = _plain_dtype(array.dtype)
     if kind is None or not array.flags.c_contiguous:
         return None
     raw = pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
