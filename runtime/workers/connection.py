@@ -7,6 +7,10 @@ buffer. On the wire::
 
     u32 body length | u32 buffer count | u64 length of each buffer | body | buffer 0 | buffer 1 ...
 
+A message whose payload is an ``InferenceRequest`` or ``InferenceResponse`` carries the payload as
+a tuple of its fields, marked by the top bits of the buffer count (``FLAT_REQUEST``,
+``FLAT_RESPONSE``): the receiver rebuilds it after unpickling, and the pickle names no function.
+
 Arrays under ``DIRECT`` bytes travel inside the pickle (a buffer of their own costs more than it
 saves). The sender hands each buffer's memory to the socket as it is (no join). The receiver reads small
 messages through one staging buffer and every buffer of ``DIRECT`` bytes or more straight from the
