@@ -84,7 +84,9 @@ class Worker:
 
     def _on_message(self, message: tuple[str, int, Any]) -> None:
         kind, ident, payload = message
-        if kind == "item":
+        if kind == "call":  # most messages
+            self._spawn(ident, self._call(ident, payload))
+        elif kind == "item":
             self.inboxes[ident].put(payload)
         elif kind == "ack":
             credit = self.credits.get(ident)
@@ -96,8 +98,6 @@ class Worker:
             task = self.tasks.get(ident)
             if task is not None:
                 task.cancel()
-        elif kind == "call":
-            self._spawn(ident, self._call(ident, payload))
         elif kind == "open":
             self.inboxes[ident] = Inbox[Any]()
             self.credits[ident] = Credit()
@@ -112,7 +112,7 @@ class Worker:
             self._spawn(0, self._stop())
 
     def _spawn(self, ident: int, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = self.conn.loop.create_task(work)
         if ident:
             self.tasks[ident] = task
             task.add_done_callback(lambda _: self._forget(ident, task))
@@ -196,12 +196,6 @@ class Worker:
 
     # ------------------------------------------------------------------ calling the model
 
-    async def _predict(self, request: InferenceRequest) -> InferenceResponse:
-        if self.scheduler is not None:
-            return await self.scheduler.infer(request)
-        assert self.executor is not None
-        return await self.executor.call_predict(request)
-
     def _open(
         self, requests: AsyncIterator[InferenceRequest]
     ) -> AsyncIterator[InferenceResponse | RequestFailed]:
@@ -212,7 +206,11 @@ class Worker:
 
     async def _call(self, ident: int, request: InferenceRequest) -> None:
         try:
-            response = await self._predict(request)
+            if self.scheduler is not None:
+                response = await self.scheduler.infer(request)
+            else:
+                assert self.executor is not None
+                response = await self.executor.call_predict(request)
         except Exception as exc:
             self._fail(ident, exc)
             return

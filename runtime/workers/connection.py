@@ -7,6 +7,10 @@ buffer. On the wire::
 
     u32 body length | u32 buffer count | u64 length of each buffer | body | buffer 0 | buffer 1 ...
 
+A message whose payload is an ``InferenceRequest`` or ``InferenceResponse`` carries the payload as
+a tuple of its fields, marked by the top bits of the buffer count (``FLAT_REQUEST``,
+``FLAT_RESPONSE``): the receiver rebuilds it after unpickling, and the pickle names no function.
+
 Arrays under ``DIRECT`` bytes travel inside the pickle (a buffer of their own costs more than it
 saves). The sender hands each buffer's memory to the socket as it is (no join). The receiver reads small
 messages through one staging buffer and every buffer of ``DIRECT`` bytes or more straight from the
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
+from pydantic import BaseModel
 
 from ..types import (
     Datatype,
@@ -37,6 +42,11 @@ from ..types import (
 )
 
 HEAD: Final = struct.Struct("<II")
+FLAT_REQUEST: Final = 1 << 31
+"""Set in the head's buffer count: the message's payload is a request's fields (``_request``)."""
+FLAT_RESPONSE: Final = 1 << 30
+"""Set in the head's buffer count: the message's payload is a response's fields (``_response``)."""
+COUNT: Final = FLAT_RESPONSE - 1
 STAGING: Final = 256 * 1024
 """Size of the staging buffer small messages are read through."""
 DIRECT: Final = 64 * 1024
@@ -45,38 +55,62 @@ DIRECT: Final = 64 * 1024
 Message = tuple[str, int, Any]
 
 _set = object.__setattr__
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+"""A pydantic model's slots, set through their descriptors (``object.__setattr__`` looks each one
+up by name every time)."""
+
 _DATATYPES: Final[dict[Any, Any]] = dict(Datatype._value2member_map_)
+_DTYPES: Final[dict[str, np.dtype[Any]]] = {}
+"""numpy dtypes by the string they travel as (``np.frombuffer`` would parse the string each time)."""
+_PLAIN: Final[dict[np.dtype[Any], str | None]] = {}
+"""Each dtype seen → the string it travels as when it is a dtype of plain numbers, else None (it
+travels as numpy pickles it)."""
+
+
+def _plain_dtype(dtype: np.dtype[Any]) -> str | None:
+    """The string a dtype of plain numbers travels as; None for any other dtype."""
+    kind = _PLAIN.get(dtype, False)
+    if kind is False:
+        kind = _PLAIN[dtype] = None if dtype.hasobject or dtype.fields is not None else dtype.str
+    return kind  # type: ignore[return-value]
 
 
 def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """An array on ``data`` (writable, as the array that was sent)."""
     if type(data) is bytes:
         data = bytearray(data)
-    array = np.frombuffer(data, dtype=dtype)
-    return array if len(shape) == 1 and shape[0] == len(array) else array.reshape(shape)
+    kind = _DTYPES.get(dtype)
+    if kind is None:
+        kind = _DTYPES[dtype] = np.dtype(dtype)
+    array = np.frombuffer(data, dtype=kind)
+    return array if array.shape == shape else array.reshape(shape)
 
 
-def _plain(array: Any) -> bool:
-    """Whether ``array`` is a C-contiguous numpy array of plain numbers (it travels as raw bytes)."""
-    return (
-        type(array) is np.ndarray
-        and not array.dtype.hasobject
-        and array.dtype.fields is None
-        and array.flags.c_contiguous
-    )
-
-
-def _raw(array: np.ndarray) -> Any:
-    """An array's memory as it travels: out of band from ``DIRECT`` bytes up (a ``PickleBuffer``,
-    written as it is), else as bytes inside the pickle (cheaper than a buffer of its own)."""
-    return pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
+def _flat_array(array: Any) -> tuple[str, tuple[int, ...], Any] | None:
+    """A C-contiguous numpy array of plain numbers as ``(dtype, shape, memory)``, its memory out of
+    band from ``DIRECT`` bytes up (a ``PickleBuffer``, written as it is), else as bytes inside the
+    pickle (cheaper than a buffer of its own); None for any other object."""
+    if type(array) is not np.ndarray:
+        return None
+    kind: Any = _PLAIN.get(array.dtype, False)  # a dict hit costs less than a call
+    if kind is False:
+        kind = _plain_dtype(array.dtype)
+    if kind is None or not array.flags.c_contiguous:
+        return None
+    raw = pickle.PickleBuffer(array) if array.nbytes >= DIRECT else array.tobytes()  # type: ignore[arg-type]
+    return kind, array.shape, raw
 
 
 def _reduce_array(array: np.ndarray) -> Any:
-    """Arrays of plain numbers travel as their raw bytes (``_raw``); others as numpy pickles them."""
-    if not _plain(array):
+    """Arrays of plain numbers travel as their raw bytes (``_flat_array``); others as numpy pickles them."""
+    flat = _flat_array(array)
+    if flat is None:
         return array.__reduce_ex__(5)
-    return _array, (_raw(array), array.dtype.str, array.shape)
+    return _array, (flat[2], flat[0], flat[1])
 
 
 # Requests and responses cross as flat tuples of their fields, not as pydantic pickles (which name
@@ -86,11 +120,12 @@ def _reduce_array(array: np.ndarray) -> Any:
 
 
 def _build(cls: Any, values: dict[str, Any], fields_set: set[str], extra: Any = None) -> Any:
-    model = cls.__new__(cls)
-    _set(model, "__dict__", values)
-    _set(model, "__pydantic_fields_set__", fields_set)
-    _set(model, "__pydantic_extra__", extra)
-    _set(model, "__pydantic_private__", None)
+    """A pydantic model with these fields, as its own unpickling makes it (no validation)."""
+    model = _new(cls)
+    _set_dict(model, values)
+    _set_fields_set(model, fields_set)
+    _set_extra(model, extra)
+    _set_private(model, None)
     return model
 
 
@@ -114,18 +149,19 @@ def _flat_tensor(tensor: Any) -> Any:
     values = tensor.__dict__
     datatype = values["datatype"]
     data = values["data"]
-    if _plain(data):
-        data, is_array = (data.dtype.str, data.shape, _raw(data)), True
-    else:
-        is_array = False
+    flat = _flat_array(data)
+    parameters = values["parameters"]
     return (
         values["name"],
         values["shape"],
-        datatype.value if type(datatype) is Datatype else datatype,
-        _flat_parameters(values["parameters"]),
-        data,
-        is_array,
+        datatype._value_ if type(datatype) is Datatype else datatype,
+        None if parameters is None else _flat_parameters(parameters),
+        data if flat is None else flat,
+        flat is not None,
     )
+
+
+_TENSOR_FIELDS: Final = frozenset({"name", "shape", "datatype", "parameters", "data"})
 
 
 def _tensor(cls: type[Any], flat: Any) -> Any:
@@ -134,20 +170,31 @@ def _tensor(cls: type[Any], flat: Any) -> Any:
     name, shape, datatype, parameters, data, is_array = flat
     if is_array:
         data = _array(data[2], data[0], data[1])
-    values = {
-        "name": name,
-        "shape": shape,
-        "datatype": _DATATYPES.get(datatype, datatype),
-        "parameters": _parameters(parameters),
-        "data": data,
-    }
-    return _build(cls, values, {"name", "shape", "datatype", "parameters", "data"})
+    model = _new(cls)
+    _set_dict(
+        model,
+        {
+            "name": name,
+            "shape": shape,
+            "datatype": _DATATYPES.get(datatype, datatype),
+            "parameters": None if parameters is None else _parameters(parameters),
+            "data": data,
+        },
+    )
+    _set_fields_set(model, set(_TENSOR_FIELDS))
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
+
+
+_REQUEST_FIELDS: Final = frozenset({"id", "parameters", "inputs", "outputs"})
+_RESPONSE_FIELDS: Final = frozenset({"model_name", "model_version", "id", "parameters", "outputs"})
 
 
 def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> InferenceRequest:
     values = {
         "id": id_,
-        "parameters": _parameters(parameters),
+        "parameters": None if parameters is None else _parameters(parameters),
         "inputs": [_tensor(RequestInput, t) for t in inputs],
         "outputs": None
         if outputs is None
@@ -158,16 +205,21 @@ def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> Infe
             for o in outputs
         ],
     }
-    request: InferenceRequest = _build(InferenceRequest, values, {"id", "parameters", "inputs", "outputs"})
+    request: InferenceRequest = _build(InferenceRequest, values, set(_REQUEST_FIELDS))
     return request
 
 
 def _reduce_request(request: InferenceRequest) -> Any:
+    return _request, _flat_request(request)
+
+
+def _flat_request(request: InferenceRequest) -> tuple[Any, ...]:
     values = request.__dict__
     outputs = values["outputs"]
-    return _request, (
+    parameters = values["parameters"]
+    return (
         values["id"],
-        _flat_parameters(values["parameters"]),
+        None if parameters is None else _flat_parameters(parameters),
         [_flat_tensor(t) for t in values["inputs"]],
         None
         if outputs is None
@@ -182,20 +234,25 @@ def _response(
         "model_name": model_name,
         "model_version": model_version,
         "id": id_,
-        "parameters": _parameters(parameters),
+        "parameters": None if parameters is None else _parameters(parameters),
         "outputs": [_tensor(ResponseOutput, t) for t in outputs],
     }
-    response: InferenceResponse = _build(InferenceResponse, values, set(values))
+    response: InferenceResponse = _build(InferenceResponse, values, set(_RESPONSE_FIELDS))
     return response
 
 
 def _reduce_response(response: InferenceResponse) -> Any:
+    return _response, _flat_response(response)
+
+
+def _flat_response(response: InferenceResponse) -> tuple[Any, ...]:
     values = response.__dict__
-    return _response, (
+    parameters = values["parameters"]
+    return (
         values["model_name"],
         values["model_version"],
         values["id"],
-        _flat_parameters(values["parameters"]),
+        None if parameters is None else _flat_parameters(parameters),
         [_flat_tensor(t) for t in values["outputs"]],
     )
 
@@ -207,6 +264,13 @@ _TABLE = {
     InferenceRequest: _reduce_request,
     InferenceResponse: _reduce_response,
 }
+
+
+def _rebuilt(message: tuple[str, int, Any], flat: int) -> tuple[str, int, Any]:
+    """A message whose payload travelled as a request's or a response's fields, with the payload
+    rebuilt."""
+    kind, ident, fields = message
+    return kind, ident, _request(*fields) if flat == FLAT_REQUEST else _response(*fields)
 
 
 class Encoder:
@@ -221,31 +285,46 @@ class Encoder:
     def encode(self, message: Any) -> list[bytes | memoryview]:
         """The pieces to write for one message (the head and body, then each out-of-band buffer)."""
         out, buffers = self._out, self._buffers
-        out.write(_NO_HEAD)
+        flat = 0
+        if type(message) is tuple and len(message) == 3:
+            payload = message[2]
+            if type(payload) is InferenceResponse:
+                message, flat = (message[0], message[1], _flat_response(payload)), FLAT_RESPONSE
+            elif type(payload) is InferenceRequest:
+                message, flat = (message[0], message[1], _flat_request(payload)), FLAT_REQUEST
         try:
             self._pickler.dump(message)
-            if not buffers:
-                size = out.tell() - HEAD.size
-                with out.getbuffer() as view:
-                    HEAD.pack_into(view, 0, size, 0)
-                return [out.getvalue()]
-            body = out.getbuffer()[HEAD.size :].tobytes()
-            raws = [buffer.raw() for buffer in buffers]
+            body = out.getvalue()
+            raws = [buffer.raw() for buffer in buffers] if buffers else None
         finally:
             out.seek(0)
             out.truncate()
-            buffers.clear()
+            if buffers:
+                buffers.clear()
             self._pickler.clear_memo()
+        if raws is None:
+            return [HEAD.pack(len(body), flat) + body]
         lengths = struct.pack(f"<{len(raws)}Q", *(raw.nbytes for raw in raws))
-        return [HEAD.pack(len(body), len(raws)) + lengths + body, *raws]
-
-
-_NO_HEAD: Final = bytes(HEAD.size)
+        return [HEAD.pack(len(body), flat | len(raws)) + lengths + body, *raws]
 
 
 def encode(message: Any) -> list[bytes | memoryview]:
     """The pieces to write for one message (see ``Encoder``)."""
     return Encoder().encode(message)
+
+
+def decode(wire: bytes) -> list[Any]:
+    """The messages in ``wire`` (what ``encode`` wrote for each), as a connection reads them."""
+    messages: list[Any] = []
+    connection = Connection(messages.append, lambda: None)
+    view, at = memoryview(wire), 0
+    while at < len(wire):
+        buffer = connection.get_buffer(-1)
+        n = min(len(buffer), len(wire) - at)
+        buffer[:n] = view[at : at + n]
+        connection.buffer_updated(n)
+        at += n
+    return messages
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -258,6 +337,9 @@ class Connection(asyncio.BufferedProtocol):
         self.on_message = on_message
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop
+        """The loop the connection runs in (from ``connection_made``; asking for the running loop
+        costs a system call on some Pythons)."""
         self.closed = False
         self._staging = bytearray(STAGING)
         self._view = memoryview(self._staging)
@@ -267,6 +349,7 @@ class Connection(asyncio.BufferedProtocol):
         self._body: bytes | None = None
         self._lengths: list[int] = []
         self._buffers: list[bytearray] = []
+        self._flat = 0  # FLAT_REQUEST or FLAT_RESPONSE: what that message's payload is
         self._target: memoryview | None = None  # a big buffer being filled straight from the socket
         self._filled = 0
         self._paused = False
@@ -294,7 +377,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._flush()
             elif not self._flush_soon:
                 self._flush_soon = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                self.loop.call_soon(self._flush)
             return
         self._flush()
         for piece in pieces:
@@ -330,6 +413,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self.loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
@@ -384,20 +468,25 @@ class Connection(asyncio.BufferedProtocol):
             if available < HEAD.size:
                 break
             size, count = HEAD.unpack_from(view, self._start)
+            flat = count & ~COUNT
+            count &= COUNT
             need = HEAD.size + 8 * count + size
             if available < need:
                 if need > len(self._staging):
                     self._start_growing(need)
                 break
             at = self._start + HEAD.size
-            lengths = list(struct.unpack_from(f"<{count}Q", view, at)) if count else []
-            at += 8 * count
-            body = bytes(view[at : at + size])
-            self._start += need
-            if not lengths:
-                self._deliver(body, [])
+            if not count:  # unpickled straight from the staging buffer
+                self._start += need
+                with view[at : at + size] as body:
+                    message = pickle.loads(body)
+                self.on_message(_rebuilt(message, flat) if flat else message)
                 continue
-            self._body, self._lengths, self._buffers = body, lengths, []
+            lengths = list(struct.unpack_from(f"<{count}Q", view, at))
+            at += 8 * count
+            self._body, self._lengths, self._buffers = bytes(view[at : at + size]), lengths, []
+            self._flat = flat
+            self._start += need
         if self._start == self._end:
             self._start = self._end = 0
 
@@ -443,4 +532,4 @@ class Connection(asyncio.BufferedProtocol):
 
     def _deliver(self, body: bytes, buffers: list[bytearray]) -> None:
         message = pickle.loads(body, buffers=buffers)
-        self.on_message(message)
+        self.on_message(_rebuilt(message, self._flat) if self._flat else message)

@@ -108,6 +108,7 @@ class WorkerProcess:
         self._ready: asyncio.Future[None] | None = None
         self._stopped: asyncio.Future[None] | None = None
         self._monitor: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop  # the loop it was started in
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -122,7 +123,7 @@ class WorkerProcess:
 
     async def start(self) -> None:
         """Start the process and wait until its model has loaded; raise if it cannot."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         ours, theirs = socket.socketpair()
         try:
@@ -248,6 +249,9 @@ class WorkerProcess:
 
     def _on_message(self, message: tuple[str, int, Any]) -> None:
         kind, ident, payload = message
+        if kind == "ok":  # most messages: a call's result
+            self._finished(ident, kind, payload)
+            return
         if ident == 0:
             self._on_control(kind, payload)
             return
@@ -303,7 +307,8 @@ class WorkerProcess:
         if not self.alive:
             raise WorkerLost(f"Model {self.name!r}: worker {self.id} (pid {self.pid}) is not running")
         self.busy += 1
-        self.idle.clear()
+        if self.busy == 1:
+            self.idle.clear()
         return next(self._ids)
 
     # ------------------------------------------------------------------ work
@@ -311,7 +316,7 @@ class WorkerProcess:
     async def call(self, kind: str, payload: Any) -> Any:
         """Send one call (``call``, ``seq`` or ``seq_end``) and wait for its result."""
         ident = self._begin()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._loop.create_future()
         self._calls[ident] = future
         self._conn.send((kind, ident, payload))
         try:

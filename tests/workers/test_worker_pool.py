@@ -20,7 +20,7 @@ from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
 from runtime.workers import HeldState, WorkerStartTimeout
-from runtime.workers.connection import encode
+from runtime.workers.connection import decode, encode
 
 from ..sequencing import until
 
@@ -359,6 +359,32 @@ def test_the_wire_format_round_trips_arrays_in_any_chunking() -> None:
             assert np.array_equal(back, sent)
 
 
+def test_requests_and_responses_with_big_tensors_and_other_messages_cross_in_one_stream() -> None:
+    """A request or response whose tensor travels out of band is rebuilt whole, between messages
+    of every other kind (a list of requests, as sequence steps travel, and plain values)."""
+    from runtime.types import ResponseOutput
+
+    big = np.arange(20_000, dtype=np.float32)  # 80 KB: out of band
+    req = InferenceRequest(id="a", inputs=[RequestInput(name="x", shape=[20_000], datatype="FP32", data=big)])
+    resp = InferenceResponse(
+        model_name="m", outputs=[ResponseOutput(name="y", shape=[2], datatype="FP32", data=big[:2].copy())]
+    )
+    sent: list[Any] = [
+        ("call", 1, req),
+        ("ok", 2, resp),
+        ("seq", 3, [("s", True, False, req)]),
+        ("ack", 4, 16),
+        ("ok", 5, InferenceResponse(model_name="m", outputs=[])),
+    ]
+    back = decode(b"".join(bytes(piece) for message in sent for piece in encode(message)))
+    assert [(kind, ident) for kind, ident, _ in back] == [(kind, ident) for kind, ident, _ in sent]
+    assert type(back[0][2]) is InferenceRequest and np.array_equal(back[0][2].inputs[0].data, big)
+    assert type(back[1][2]) is InferenceResponse and back[1][2].outputs[0].data.tolist() == [0.0, 1.0]
+    step = back[2][2][0]
+    assert step[:3] == ("s", True, False) and np.array_equal(step[3].inputs[0].data, big)
+    assert back[3][2] == 16 and back[4][2] == InferenceResponse(model_name="m", outputs=[])
+
+
 class CustomRequest(InferenceRequest):
     """A subclass: pickled as pydantic pickles it."""
 
@@ -366,8 +392,6 @@ class CustomRequest(InferenceRequest):
 def test_requests_and_responses_cross_as_flat_fields_and_come_back_equal() -> None:
     """Requests and responses travel as their fields (no pydantic pickles): every field, the
     parameters' extra keys, list and object data, requested outputs and subclasses come back."""
-    import pickle
-
     from runtime.types import RequestOutput, ResponseOutput
 
     request_ = InferenceRequest(
@@ -391,12 +415,12 @@ def test_requests_and_responses_cross_as_flat_fields_and_come_back_equal() -> No
         pieces = encode(("x", 1, message))
         assert len(pieces) == 1
         assert (b"pydantic" in bytes(pieces[0])) == (type(message) is CustomRequest)
-        back = pickle.loads(bytes(pieces[0])[8:])[2]
+        back = decode(bytes(pieces[0]))[0][2]
         assert type(back) is type(message)
         assert back.model_dump(exclude={"inputs", "outputs"}) == message.model_dump(
             exclude={"inputs", "outputs"}
         )
-    back = pickle.loads(bytes(encode(("x", 1, request_))[0])[8:])[2]
+    back = decode(bytes(encode(("x", 1, request_))[0]))[0][2]
     assert back.parameters.model_extra == {"sequence_id": "s", "n": 3}
     assert back.parameters.headers == {"h": "1"} and back.inputs[0].datatype is Datatype.FP32
     assert back.inputs[0].data.shape == (2, 2) and back.inputs[0].data.flags.writeable
