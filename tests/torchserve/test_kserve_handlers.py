@@ -29,17 +29,24 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "torchserve"
 ROW = {"name": "x", "datatype": "FP32", "shape": [-1, 3]}
 
 
-@pytest.fixture
-async def client(tmp_path: Path, inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
-    store = tmp_path / "store"
-    store.mkdir()
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The archives, built once for the module (each test serves them afresh)."""
+    store = tmp_path_factory.mktemp("store")
     archive(store, "summer", "explain_handler.py")
     archive(store, "batched", "explain_handler.py", "batchSize: 8\nmaxBatchDelay: 500\n")
     archive(store, "echo", "echo_handler.py")
     archive(store, "streamer", "stream_handler.py", fmt="no-archive")
     example = EXAMPLES / "stateful-sequence"
-    config = (example / "model-config.yaml").read_text()
+    # the seed's config, its handler in the server's process: worker processes are not what these
+    # tests are about (tests/torchserve/test_management_archives.py and tests/workers are)
+    config = (example / "model-config.yaml").read_text().replace("minWorkers: 2", "minWorkers: 0")
     archive(store, "stateful", str(example / "stateful_handler.py"), config)
+    return store
+
+
+@pytest.fixture
+async def client(store: Path, inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
     found, broken = read_repository(store)
     assert not broken
     await inprocess.load(
