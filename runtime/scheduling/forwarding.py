@@ -36,18 +36,21 @@ class ForwardingScheduler(Scheduler):
     async def stop(self) -> None:
         """The workers' batchers finish their work when the workers drain (``WorkerExecutor.stop``)."""
 
-    async def _route(self, request: InferenceRequest) -> tuple[WorkerProcess, str | None, str | None]:
+    async def _route(self, request: InferenceRequest) -> tuple[WorkerProcess, str | None, str | None, bool]:
         """The worker for ``request``; the sequence its answer may adopt (a START's key, or
         ``GENERATED`` for a START whose id the worker makes; None for any other request); the
-        sequence it ends (None if it ends none)."""
+        sequence it ends (None if it ends none); whether routing it recorded a new sequence (a
+        START the worker refuses must not leave it recorded)."""
         pool = self.workers.pool
         control = parse_control(request.parameters) if self.settings.sequence_batching else None
         if control is None:
-            return await pool.pick(), None, None
+            return await pool.pick(), None, None, False
         if control.generated:
-            return pool.newcomer(), GENERATED, None
+            return pool.newcomer(), GENERATED, None, False
+        known = control.key in pool.owners
         worker, opens = pool.route(control.key, control.start)
-        return worker, control.key if opens else None, control.key if control.end else None
+        recorded = not known and pool.owners.get(control.key) is worker
+        return worker, control.key if opens else None, control.key if control.end else None, recorded
 
     def _settle(self, worker: WorkerProcess, response: Any, opens: str | None, ends: str | None) -> None:
         """After an answer: remember the sequence a START opened (or the id the worker made for it);
@@ -64,8 +67,13 @@ class ForwardingScheduler(Scheduler):
             pool.release(ends)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        worker, opens, ends = await self._route(request)
-        response: InferenceResponse = await worker.call("call", request)
+        worker, opens, ends, recorded = await self._route(request)
+        try:
+            response: InferenceResponse = await worker.call("call", request)
+        except BaseException:
+            if recorded and opens is not None and self.workers.pool.owners.get(opens) is worker:
+                self.workers.pool.release(opens)  # the worker refused the START: nothing to hold
+            raise
         self._settle(worker, response, opens, ends)
         return response
 
@@ -75,7 +83,7 @@ class ForwardingScheduler(Scheduler):
         first = await anext(aiter(requests), None)
         if first is None:
             return
-        worker, _, _ = await self._route(first)
+        worker, _, _, _ = await self._route(first)
         opening: list[str] = []
         """The STARTs sent on the stream whose answers have not come back, in order (their keys,
         ``GENERATED`` for a server-made id)."""

@@ -386,3 +386,36 @@ def test_workers_die_with_a_killed_server(tmp_path: Any) -> None:
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_gone(p) for p in pids)
+
+
+async def test_a_start_its_worker_refuses_leaves_no_sequence_behind() -> None:
+    """A START beyond ``max_sequences`` is refused by the worker's own batcher (503): the server
+    must not go on believing that the worker holds that sequence."""
+    settings = ModelSettings(
+        name="seqs",
+        implementation="tests.continuous_models.SequenceTicker",
+        continuous_batching=True,
+        sequence_batching=True,
+        max_batch_size=8,
+        max_sequences=1,
+        workers=1,
+    )
+
+    def step(key: str, **control: Any) -> dict[str, Any]:
+        return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
+
+    async with serving(settings) as server:
+        pool = executor(server, "seqs").pool
+        async with clients(server) as (oip, _):
+            first = await oip.post("/v2/models/seqs/infer", json=step("a", sequence_start=True))
+            assert first.status_code == 200, first.text
+            refused = await oip.post("/v2/models/seqs/infer", json=step("b", sequence_start=True))
+            assert refused.status_code == 503 and "error" in refused.json(), refused.text
+            assert set(pool.owners) == {"a"}
+            stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
+            assert stats["open_sequences"] == 1
+            ended = await oip.post("/v2/models/seqs/infer", json=step("a", sequence_end=True))
+            assert ended.status_code == 200, ended.text
+            await until(lambda: not pool.owners, 30)
+            stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
+            assert stats["open_sequences"] == 0 and stats["ended"]["end"] == 1
