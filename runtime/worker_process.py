@@ -106,6 +106,9 @@ class Worker:
             self._spawn(ident, self._sequences(ident, payload))
         elif kind == "seq_end":
             self._spawn(ident, self._sequence_ended(ident, *payload))
+        elif kind == "stats":  # the executions of this worker's own batcher (continuous batching)
+            scheduler = self.scheduler
+            self._send(("ok", ident, scheduler.stats.snapshot() if scheduler is not None else None))
         elif kind == "init":
             self._spawn(0, self._init(*payload))
         elif kind == "stop":

@@ -8,6 +8,8 @@ model call (:class:`~.stats.ExecutionStats`, and the batch's spans). See ``docs/
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .counts import Recorder
@@ -19,6 +21,12 @@ if TYPE_CHECKING:
 
     from ..dataplane import DataPlane
     from ..settings import Settings
+
+
+logger = logging.getLogger(__name__)
+
+REFRESH_WAIT = 2.0
+"""Seconds a scrape waits for the counts kept in worker processes."""
 
 
 class Observability:
@@ -101,6 +109,14 @@ def _first_scrape_builds(recorder: Recorder, dataplane: DataPlane, path: str) ->
             from .metrics import ServerCollector, metrics_app, new_registry
 
             app = metrics_app(new_registry(ServerCollector(recorder, dataplane.registry)), path)
+        for entry in dataplane.registry.entries():  # counts kept in worker processes, read now
+            if entry.scheduler is not None:
+                try:
+                    await asyncio.wait_for(entry.scheduler.refresh(), REFRESH_WAIT)
+                except Exception:  # a worker that does not answer: its last counts are shown
+                    logger.warning(
+                        "Model %r: its workers' counts could not be read", entry.name, exc_info=True
+                    )
         await app(scope, receive, send)
 
     return metrics

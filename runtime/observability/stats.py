@@ -35,6 +35,17 @@ class ExecutionStats:
         self.queue_seconds += queued
         self.compute_seconds += compute * size
 
+    @classmethod
+    def of(cls, snapshot: dict[str, Any]) -> ExecutionStats:
+        """Counts as a :meth:`snapshot` (or a sum of snapshots) gives them."""
+        stats = cls()
+        stats.executions = int(snapshot.get("executions", 0))
+        stats.inferences = int(snapshot.get("inferences", 0))
+        stats.batch_sizes = {int(k): int(v) for k, v in snapshot.get("batch_sizes", {}).items()}
+        stats.queue_seconds = float(snapshot.get("queue_seconds", 0.0))
+        stats.compute_seconds = float(snapshot.get("compute_seconds", 0.0))
+        return stats
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "executions": self.executions,

@@ -11,10 +11,13 @@ request.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..model import MLModel
+from ..observability.counts import merge
+from ..observability.stats import ExecutionStats
 from ..sequences.identity import ID, parse_control
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -32,6 +35,18 @@ class ForwardingScheduler(Scheduler):
     def __init__(self, model: MLModel, settings: ModelSettings, workers: WorkerExecutor) -> None:
         super().__init__(model, settings, workers)
         self.workers = workers
+        self._executed: dict[int, dict[str, Any]] = {}
+        """Each worker process's (by pid) executions, as it last told them: those of a worker that
+        died stay counted (all but what it did after it last told)."""
+
+    async def refresh(self) -> None:
+        """The executions of the workers' own batchers, summed into ``stats`` (for the metrics)."""
+        ready = [w for w in self.workers.pool.workers if w.alive and w.status == "READY"]
+        told = await asyncio.gather(*(w.call("stats", None) for w in ready), return_exceptions=True)
+        for worker, snapshot in zip(ready, told, strict=True):
+            if isinstance(snapshot, dict) and worker.pid is not None:
+                self._executed[worker.pid] = snapshot
+        self.stats = ExecutionStats.of(merge(self._executed.values()))
 
     async def stop(self) -> None:
         """The workers' batchers finish their work when the workers drain (``WorkerExecutor.stop``)."""

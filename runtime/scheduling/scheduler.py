@@ -56,6 +56,10 @@ class Scheduler(abc.ABC):
         Raising ends the stream (the failure is reported for the latest request taken); yielding
         ``RequestFailed`` reports one request's failure and the stream goes on."""
 
+    async def refresh(self) -> None:
+        """Bring counts kept elsewhere up to date (a batcher running in worker processes); the
+        metrics call it before a scrape. Nothing to do for a scheduler that runs here."""
+
     def describe(self) -> dict[str, Any]:
         """The strategy's settings, shown in model metadata."""
         return {"scheduler": "direct"}

@@ -419,3 +419,35 @@ async def test_a_start_its_worker_refuses_leaves_no_sequence_behind() -> None:
             await until(lambda: not pool.owners, 30)
             stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
             assert stats["open_sequences"] == 0 and stats["ended"]["end"] == 1
+
+
+async def test_executions_of_a_batcher_in_the_workers_are_counted_at_a_scrape() -> None:
+    """A continuous batcher runs inside each worker: a scrape reads its executions there, so that
+    Triton's inference and execution counts of the model are exact across its workers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings = ModelSettings(
+        name="ticker",
+        implementation="tests.continuous_models.Ticker",
+        continuous_batching=True,
+        max_batch_size=4,
+        workers=2,
+    )
+    async with serving(settings) as server:
+        async with clients(server) as (oip, _):
+            answers = await asyncio.gather(
+                *(
+                    oip.post("/v2/models/ticker/infer", json={"inputs": [], "parameters": {"length": 3}})
+                    for _ in range(6)
+                )
+            )
+            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+            scraped = await oip.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        samples = {
+            (s.name, s.labels.get("model")): s.value
+            for family in text_string_to_metric_families(scraped.text)
+            for s in family.samples
+        }
+    executions = samples[("nv_inference_exec_count", "ticker")]
+    assert samples[("nv_inference_count", "ticker")] == 6 * 3  # every stream, every step
+    assert 3 <= executions <= 6 * 3  # steps of up to 4 streams each, over two workers
