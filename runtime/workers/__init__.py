@@ -3,7 +3,8 @@
 ``runtime.scheduling.worker_executor.WorkerExecutor`` puts them behind the executor seam of the
 schedulers; ``WorkerPool`` supervises
 the processes (restart, least-busy dispatch, sequence affinity, scaling, drain); the wire format
-is in ``connection`` (pickle protocol 5, out-of-band buffers) and ``messages`` (what they say).
+is in ``wire`` (pickle protocol 5, out-of-band buffers), read and written by ``connection``, and
+``messages`` holds what both ends of a stream keep (inbox, credit).
 """
 
 from .messages import HeldState

@@ -20,7 +20,8 @@ from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
 from runtime.workers import HeldState, WorkerStartTimeout
-from runtime.workers.connection import decode, encode
+from runtime.workers.connection import decode
+from runtime.workers.wire import encode
 
 from ..sequencing import until
 
