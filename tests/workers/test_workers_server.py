@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.server import Server
@@ -33,6 +34,23 @@ def body(x: int = 1, **params: Any) -> dict[str, Any]:
     if params:
         document["parameters"] = params
     return document
+
+
+def sequence_ticker(**settings: Any) -> ModelSettings:
+    """A continuous-batching sequence model (each request one step) in worker processes."""
+    return ModelSettings(
+        name="seqs",
+        implementation="tests.continuous_models.SequenceTicker",
+        continuous_batching=True,
+        sequence_batching=True,
+        max_batch_size=8,
+        **settings,
+    )
+
+
+def ticker_step(key: str, **control: Any) -> dict[str, Any]:
+    """One step of sequence ``key`` of ``sequence_ticker``."""
+    return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
 
 
 def pid(answer: httpx.Response) -> int:
@@ -261,24 +279,23 @@ async def test_a_continuous_batching_model_runs_in_workers() -> None:
                 events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
             assert len(events) == 5
             assert len((await admin.get("/models/ticker")).json()[0]["workers"]) == 2
+            # the batcher runs inside each worker: a scrape reads its executions there, so that
+            # Triton's inference and execution counts of the model are exact across its workers
+            scraped = await oip.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    samples = {
+        (s.name, s.labels.get("model")): s.value
+        for family in text_string_to_metric_families(scraped.text)
+        for s in family.samples
+    }
+    assert samples[("nv_inference_count", "ticker")] == 4 * 3 + 5  # every stream, every step
+    assert 3 <= samples[("nv_inference_exec_count", "ticker")] <= 4 * 3 + 5  # steps of up to 4 streams
 
 
 async def test_sequences_that_end_inside_their_worker_leave_the_servers_table() -> None:
     """Under continuous batching the workers' own batchers end sequences (here by idle timeout);
     each worker tells the server, whose table of which worker holds which sequence empties."""
-    settings = ModelSettings(
-        name="seqs",
-        implementation="tests.continuous_models.SequenceTicker",
-        continuous_batching=True,
-        sequence_batching=True,
-        max_batch_size=8,
-        max_sequence_idle_ms=300,
-        workers=2,
-    )
-
-    def step(key: str, **control: Any) -> dict[str, Any]:
-        return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
-
+    settings = sequence_ticker(max_sequence_idle_ms=300, workers=2)
+    step = ticker_step
     async with serving(settings) as server:
         pool = executor(server, "seqs").pool
         async with clients(server) as (oip, _):
@@ -391,19 +408,8 @@ def test_workers_die_with_a_killed_server(tmp_path: Any) -> None:
 async def test_a_start_its_worker_refuses_leaves_no_sequence_behind() -> None:
     """A START beyond ``max_sequences`` is refused by the worker's own batcher (503): the server
     must not go on believing that the worker holds that sequence."""
-    settings = ModelSettings(
-        name="seqs",
-        implementation="tests.continuous_models.SequenceTicker",
-        continuous_batching=True,
-        sequence_batching=True,
-        max_batch_size=8,
-        max_sequences=1,
-        workers=1,
-    )
-
-    def step(key: str, **control: Any) -> dict[str, Any]:
-        return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
-
+    settings = sequence_ticker(max_sequences=1, workers=1)
+    step = ticker_step
     async with serving(settings) as server:
         pool = executor(server, "seqs").pool
         async with clients(server) as (oip, _):
@@ -419,35 +425,3 @@ async def test_a_start_its_worker_refuses_leaves_no_sequence_behind() -> None:
             await until(lambda: not pool.owners, 30)
             stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
             assert stats["open_sequences"] == 0 and stats["ended"]["end"] == 1
-
-
-async def test_executions_of_a_batcher_in_the_workers_are_counted_at_a_scrape() -> None:
-    """A continuous batcher runs inside each worker: a scrape reads its executions there, so that
-    Triton's inference and execution counts of the model are exact across its workers."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    settings = ModelSettings(
-        name="ticker",
-        implementation="tests.continuous_models.Ticker",
-        continuous_batching=True,
-        max_batch_size=4,
-        workers=2,
-    )
-    async with serving(settings) as server:
-        async with clients(server) as (oip, _):
-            answers = await asyncio.gather(
-                *(
-                    oip.post("/v2/models/ticker/infer", json={"inputs": [], "parameters": {"length": 3}})
-                    for _ in range(6)
-                )
-            )
-            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-            scraped = await oip.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
-        samples = {
-            (s.name, s.labels.get("model")): s.value
-            for family in text_string_to_metric_families(scraped.text)
-            for s in family.samples
-        }
-    executions = samples[("nv_inference_exec_count", "ticker")]
-    assert samples[("nv_inference_count", "ticker")] == 6 * 3  # every stream, every step
-    assert 3 <= executions <= 6 * 3  # steps of up to 4 streams each, over two workers
