@@ -134,8 +134,12 @@ class DataPlane:
     def check_model(self, name: str, version: str | None = None) -> None:
         """Raise now if the model cannot take a request, before a transport reads the body (a
         refusal is counted as ``infer`` counts one)."""
+        self._checked(name, version)
+
+    def _checked(self, name: str, version: str | None) -> ModelEntry:
+        """The entry to serve; a refusal is counted (when observed) before it is raised."""
         try:
-            self._entry(name, version)
+            return self._entry(name, version)
         except ServerError as exc:
             if self.observer is not None:
                 self.observer.refused(name, version, exc)
@@ -153,11 +157,7 @@ class DataPlane:
         observer = self.observer
         if observer is None:
             return await self._serve(request, self._entry(name, version))
-        try:  # the version is found once, for the observer and the request alike
-            entry = self._entry(name, version)
-        except ServerError as exc:
-            observer.refused(name, version, exc)
-            raise
+        entry = self._checked(name, version)  # found once, for the observer and the request alike
         watch = observer.begin(entry, name, version)
         if watch is None:
             return await self._serve(request, entry)
