@@ -131,10 +131,11 @@ class DataPlane:
 
     # ------------------------------------------------------------------ inference
 
-    def check_model(self, name: str, version: str | None = None) -> None:
+    def check_model(self, name: str, version: str | None = None) -> ModelEntry:
         """Raise now if the model cannot take a request, before a transport reads the body (a
-        refusal is counted as ``infer`` counts one)."""
-        self._checked(name, version)
+        refusal is counted as ``infer`` counts one); return the model's entry, whose settings a
+        transport may read to translate the request."""
+        return self._checked(name, version)
 
     def _checked(self, name: str, version: str | None) -> ModelEntry:
         """The entry to serve; a refusal is counted (when observed) before it is raised."""

@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
@@ -49,9 +49,12 @@ Count = Callable[[int, float], None]
 class RestApp(Starlette):
     """Starlette, with infer requests dispatched straight to their handler (see the module docstring)."""
 
-    def __init__(self, api: RestApi, routes: list[BaseRoute], handlers: dict[Any, Any]) -> None:
+    def __init__(
+        self, api: RestApi, torchserve: TorchServeRest, routes: list[BaseRoute], handlers: dict[Any, Any]
+    ) -> None:
         super().__init__(routes=routes, exception_handlers=handlers)
         self._api = api
+        self._torchserve = torchserve
         infer = [r for r in routes if isinstance(r, Route) and r.path.endswith(_SUFFIX)]
         self._endpoint, self._versioned_endpoint = infer[0].endpoint, infer[1].endpoint
         predictions = {r.path: r.endpoint for r in routes if isinstance(r, Route)}
@@ -114,18 +117,11 @@ class RestApp(Starlette):
     async def _prediction(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
         """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
         an infer request is (a longer path, with segments for the handler, goes through the router)."""
-        endpoint = scope["endpoint"]
         began = time.perf_counter() if count is not None else 0.0
-        status: list[int] = []
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-            await send(message)
-
+        status: list[int] = []  # the status sent, once sent
         try:
             try:
-                await endpoint(scope, receive, sending)
+                await self._torchserve.predictions(scope, receive, send, status=status)
             except Exception as exc:
                 if status:  # the answer has started: nothing more can be sent
                     raise
@@ -168,14 +164,16 @@ class RestApp(Starlette):
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
     api = RestApi(dataplane)
+    torchserve = TorchServeRest(dataplane)
     oip = api.routes()
     # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
     # straight), then TorchServe's and KServe's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
     return RestApp(
         api,
+        torchserve,
         hot
-        + TorchServeRest(dataplane).routes()
+        + torchserve.routes()
         + KServeV1(dataplane).routes()
         + other
         + StreamingApi(api).routes()

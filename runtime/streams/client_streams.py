@@ -57,7 +57,9 @@ served holds at most one more): a client that stops reading stops the models soo
 class StreamServer(Protocol):
     """What serves the model streams of a client stream (the DataPlane)."""
 
-    def check_model(self, name: str, version: str | None = None) -> None: ...
+    def check_model(
+        self, name: str, version: str | None = None
+    ) -> object: ...  # the entry; streams only need the check
 
     def infer_stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None

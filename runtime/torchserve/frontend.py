@@ -30,6 +30,7 @@ from ..dataplane import DataPlane
 from ..errors import SequenceNotOpen
 from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
+from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from . import PLATFORM
 from .payload import Answer, Entry, build_instances_request, build_request, read_answers
@@ -48,18 +49,17 @@ class FrontEnd:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
 
+    @staticmethod
     def request(
-        self,
-        name: str,
-        version: str | None,
+        settings: ModelSettings,
         entries: list[Entry],
         headers: dict[str, str],
         sequence_id: str | None,
         explain: bool = False,
     ) -> InferenceRequest:
-        """The InferenceRequest for one TorchServe request to model ``name``."""
-        settings = self.dataplane.registry.get(name, version).settings
-        if sequence_id:
+        """The InferenceRequest for one TorchServe request to the model of ``settings``;
+        ``headers`` has lower-case names (as HTTP/2, ASGI and gRPC metadata give them)."""
+        if sequence_id and headers.get(HEADER_ID) != sequence_id:
             headers = {**headers, HEADER_ID: sequence_id}
         if explain:
             headers = {**headers, EXPLAIN: "True"}
@@ -67,21 +67,16 @@ class FrontEnd:
         if explain:
             _mark_explain(request)
         if settings.sequence_batching:
-            lowered = {k.lower(): v for k, v in headers.items()}
-            fields: dict[str, object] = {}
-            if sequence_id:
-                fields[ID] = sequence_id
-            else:
-                fields[START] = True
+            fields: dict[str, object] = {ID: sequence_id} if sequence_id else {START: True}
             for header, field in ((HEADER_START, START), (HEADER_END, END)):
-                if header in lowered:
-                    fields[field] = lowered[header]
+                if header in headers:
+                    fields[field] = headers[header]
             apply_transport_fields(request, fields)
         return request
 
     def is_handler(self, name: str, version: str | None = None) -> bool:
         """Whether the model is a TorchServe handler (from an archive or its folder)."""
-        return self.dataplane.registry.get(name, version).settings.platform == PLATFORM
+        return is_handler(self.dataplane.registry.get(name, version).settings)
 
     def instances_requests(
         self, name: str, version: str | None, instances: list[Any], headers: dict[str, str], explain: bool
@@ -105,12 +100,6 @@ class FrontEnd:
             requests.append(request)
         return requests
 
-    def streamed(self, name: str, version: str | None) -> bool:
-        """Whether the model's answers are served as a stream (they may come in several parts)."""
-        settings = self.dataplane.registry.get(name, version).settings
-        batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
-        return settings.continuous_batching or not (settings.sequence_batching or batched)
-
     async def answer(
         self, request: InferenceRequest, name: str, version: str | None
     ) -> tuple[Answer, InferenceResponse]:
@@ -122,9 +111,11 @@ class FrontEnd:
             response = await self.dataplane.infer(request, name, version)
         return read_answers(response)[0], response
 
-    async def answers(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
+    async def answers(
+        self, request: InferenceRequest, name: str, version: str | None, settings: ModelSettings
+    ) -> Answers:
         """The answers to one request: one, or several for a streamed answer."""
-        if not self.streamed(name, version):
+        if not streamed(settings):
             yield await self.answer(request, name, version)
             return
         answers = self._stream(request, name, version)
@@ -145,6 +136,17 @@ class FrontEnd:
             async for response in responses:
                 for answer in read_answers(response):
                     yield answer, response
+
+
+def is_handler(settings: ModelSettings) -> bool:
+    """Whether the model is a TorchServe handler (from an archive or its folder)."""
+    return settings.platform == PLATFORM
+
+
+def streamed(settings: ModelSettings) -> bool:
+    """Whether the model's answers are served as a stream (they may come in several parts)."""
+    batched = settings.max_batch_size > 1 and settings.max_batch_time > 0
+    return settings.continuous_batching or not (settings.sequence_batching or batched)
 
 
 def _mark_explain(request: InferenceRequest) -> None:

@@ -31,6 +31,7 @@ from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
 from ..management import Management, ManagementKey
+from ..settings import ModelSettings
 from ..types import InferenceRequest
 from .error_body import describe, grpc_code
 from .frontend import FrontEnd
@@ -64,9 +65,7 @@ class InferenceApi:
         self.dataplane = dataplane
         self.front = FrontEnd(dataplane)
 
-    def _request(self, message: Any) -> InferenceRequest:
-        name = message.model_name
-        version = message.model_version or None
+    def _request(self, message: Any, settings: ModelSettings) -> InferenceRequest:
         entries = [Entry(key, bytes(value)) for key, value in message.input.items()]
         headers = {
             key: bytes(message.input[key]).decode("utf-8", "replace")
@@ -74,12 +73,13 @@ class InferenceApi:
             if key in message.input
         }
         sequence_id = message.sequence_id if message.HasField("sequence_id") else None
-        return self.front.request(name, version, entries, headers, sequence_id or None)
+        return self.front.request(settings, entries, headers, sequence_id or None)
 
     async def _answers(self, message: Any) -> AsyncIterator[Answer]:
-        self.dataplane.check_model(message.model_name, message.model_version or None)
-        request = self._request(message)
-        answers = self.front.answers(request, message.model_name, message.model_version or None)
+        name, version = message.model_name, message.model_version or None
+        settings = self.dataplane.check_model(name, version).settings
+        request = self._request(message, settings)
+        answers = self.front.answers(request, name, version, settings)
         async with aclosing(answers) as items:
             async for answer, _ in items:
                 if answer.status >= 400:

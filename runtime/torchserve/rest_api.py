@@ -24,16 +24,17 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
 from ..rest.app import _Asgi, read_body
 from ..rest.disconnect import cancel_on_disconnect
 from ..rest.sequence import sequence_headers
+from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .error_body import describe
-from .frontend import HEADER_ID, FrontEnd
+from .frontend import HEADER_ID, FrontEnd, is_handler, streamed
 from .payload import Answer, Entry
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,11 @@ async def send_json(send: Send, document: Any, status: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, error: ServerError, model: str) -> None:
+async def send_error(send: Send, error: ServerError, model: str) -> int:
+    """Send TorchServe's error body for ``error``; return its status."""
     code, kind, message = describe(error, model)
     await send_json(send, {"code": code, "type": kind, "message": message}, code)
+    return code
 
 
 def read_entries(body: bytes, content_type: str | None, query: str) -> list[Entry]:
@@ -87,8 +90,9 @@ def read_entries(body: bytes, content_type: str | None, query: str) -> list[Entr
             entries.append(Entry(name, value.encode("latin-1"), "text/plain"))
     elif body:
         entries.append(Entry("body", body, content_type))
-    for name, value in parse_qsl(query, keep_blank_values=True):
-        entries.append(Entry(name, value.encode(), "text/plain"))
+    if query:
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            entries.append(Entry(name, value.encode(), "text/plain"))
     return entries
 
 
@@ -98,6 +102,7 @@ class TorchServeRest:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
         self.front = FrontEnd(dataplane)
+        self.max_request_size = dataplane.settings.max_request_size
 
     def routes(self) -> list[BaseRoute]:
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
@@ -123,58 +128,71 @@ class TorchServeRest:
     async def explanations(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.predictions(scope, receive, send, explain=True)
 
-    async def predictions(self, scope: Scope, receive: Receive, send: Send, explain: bool = False) -> None:
+    async def predictions(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        explain: bool = False,
+        status: list[int] | None = None,
+    ) -> None:
+        """Answer one request. The status sent, once sent, is appended to ``status`` (the app's
+        direct dispatch counts it; a failure after it cannot be answered any more)."""
+        if status is None:
+            status = []
         request = Request(scope, receive, send)
-        name = request.path_params["model_name"]
-        version = request.path_params.get("model_version") or None
-        started: list[bool] = []
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                started.append(True)
-            await send(message)
-
+        params = scope["path_params"]
+        name = params["model_name"]
+        version = params.get("model_version") or None
         try:
-            if explain and not self.front.is_handler(name, version):
+            settings = self.dataplane.check_model(name, version).settings
+            if explain and not is_handler(settings):
                 message = f"Model {name} is not a TorchServe handler model: it has no explainer"
+                status.append(501)
                 await send_json(
                     send, {"code": 501, "type": "NotImplementedException", "message": message}, 501
                 )
                 return
-            inference_request = await self.read_request(request, name, version, explain)
+            inference_request = await self.read_request(request, settings, explain)
             request_id = inference_request.id or ""
             # a client that goes away cancels the work, streamed or not (the sequence engine
             # cancels its sequence, the continuous batcher drops its stream)
-            if not self.front.streamed(name, version):  # one answer: no generators on this path
+            if not streamed(settings):  # one answer: no generators on this path
                 work = self.front.answer(inference_request, name, version)
                 answer, response = await cancel_on_disconnect(request, work)
+                status.append(answer.status)
                 await send_answer(send, answer, _headers(answer, response, request_id))
                 return
-            responses = self.front.answers(inference_request, name, version)
-            await cancel_on_disconnect(request, self.respond(sending, responses, request_id))
+            responses = self.front.answers(inference_request, name, version, settings)
+            await cancel_on_disconnect(request, self.respond(send, responses, request_id, status))
         except ServerError as exc:
-            if not started:
-                await send_error(send, exc, name)
+            if not status:
+                status.append(await send_error(send, exc, name))
 
     async def read_request(
-        self, request: Request, name: str, version: str | None, explain: bool = False
+        self, request: Request, settings: ModelSettings, explain: bool = False
     ) -> InferenceRequest:
-        self.dataplane.check_model(name, version)
-        body = await read_body(request, self.dataplane.settings.max_request_size)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
-        if "url_path" in request.path_params:  # segments after the version reach the handler
-            headers["url_path"] = request.path_params["url_path"]
-        query = request.scope.get("query_string", b"").decode()
-        entries = read_entries(body, headers.get("content-type"), query)
-        return self.front.request(name, version, entries, headers, headers.get(HEADER_ID), explain)
+        body = await read_body(request, self.max_request_size)
+        scope = request.scope
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if "url_path" in scope["path_params"]:  # segments after the version reach the handler
+            headers["url_path"] = scope["path_params"]["url_path"]
+        query = scope.get("query_string", b"")
+        entries = read_entries(body, headers.get("content-type"), query.decode() if query else "")
+        return self.front.request(settings, entries, headers, headers.get(HEADER_ID), explain)
 
     async def respond(
-        self, send: Send, answers: AsyncIterator[tuple[Answer, InferenceResponse]], request_id: str
+        self,
+        send: Send,
+        answers: AsyncIterator[tuple[Answer, InferenceResponse]],
+        request_id: str,
+        status: list[int],
     ) -> None:
         async with aclosing(answers) as items:  # type: ignore[type-var]
             first = await anext(items)  # errors before the first answer are TorchServe error bodies
             answer, response = first
             headers = _headers(answer, response, request_id)
+            status.append(answer.status)
             if not answer.streams_on:
                 await send_answer(send, answer, headers)
                 return
