@@ -1,8 +1,9 @@
-"""Real external processes for tests: redis-server and haproxy on 127.0.0.1, on free ports.
+"""Real external processes for tests: redis-server, haproxy and nginx on 127.0.0.1, on free ports.
 
 Each is started by the test, waited for by polling (a PING, a TCP connect), and stopped by its PID.
-A test whose binary is missing skips, saying which binary and how to get it (``.ci/run`` installs
-both from Debian: ``apt-get install redis-server haproxy``).
+A test whose binary is missing skips, saying which binary and how to get it (``scripts/test``, which
+``.ci/run`` runs, installs them from Debian when one is missing: ``apt-get install redis-server
+haproxy nginx-core``).
 """
 
 from __future__ import annotations

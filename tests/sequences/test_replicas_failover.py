@@ -191,6 +191,61 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
         b.stop()
 
 
+def test_grpc_metadata_carry_the_sequence_and_its_step_numbers_over_redis(redis_url: str) -> None:
+    """Over gRPC with the Redis store: a START without an id learns the server-made id and the
+    replica from the trailing metadata; the id and ``sequence_step`` travel as metadata; a retried
+    step gets its stored answer, a step from the future FAILED_PRECONDITION naming the expected one."""
+    import grpc
+    import numpy as np
+
+    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.grpc.generated import dataplane_pb2_grpc
+
+    def request(x: int, start: bool = False) -> pb.ModelInferRequest:
+        made = pb.ModelInferRequest(model_name="counter")
+        made.inputs.add(name="x", datatype="INT64", shape=[1])
+        made.raw_input_contents.append(np.array([x], np.int64).tobytes())
+        if start:
+            made.parameters["sequence_start"].bool_param = True
+        return made
+
+    def total(answer: pb.ModelInferResponse) -> int:
+        return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
+
+    server = replica(redis_url, free_port())
+    try:
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            infer = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+            first, call = infer.with_call(request(5, start=True), metadata=(("sequence_step", "1"),))
+            trailers = dict(call.trailing_metadata())
+            made = trailers["ts_request_sequence_id"]
+            assert made.startswith("seq-") and first.parameters["sequence_id"].string_param == made
+            assert trailers["sequence_replica"] == first.parameters["sequence_replica"].string_param != ""
+
+            def numbered(x: int, number: int) -> tuple[pb.ModelInferResponse, dict[str, str]]:
+                metadata = (("ts_request_sequence_id", made), ("sequence_step", str(number)))
+                answer, call = infer.with_call(request(x), metadata=metadata)
+                return answer, dict(call.trailing_metadata())
+
+            second, trailers = numbered(3, 2)
+            assert (
+                total(second) == 8
+                and trailers["sequence_replica"] == first.parameters["sequence_replica"].string_param
+            )
+            retried, _ = numbered(3, 2)
+            assert total(retried) == 8 and list(retried.raw_output_contents) == list(
+                second.raw_output_contents
+            )
+            with pytest.raises(grpc.RpcError) as ahead:
+                numbered(1, 5)
+            assert ahead.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "expects sequence_step=3, got 5" in (ahead.value.details() or "")
+            third, _ = numbered(1, 3)
+            assert total(third) == 9  # the retry and the refused step applied nothing
+    finally:
+        server.stop()
+
+
 def test_the_shipped_proxy_configs_are_valid() -> None:
     """haproxy -c on the shipped config; nginx -t on the nginx one (skipped where nginx is absent)."""
     from ..external import HAPROXY_CONFIG, binary
