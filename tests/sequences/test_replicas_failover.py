@@ -21,8 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+import numpy as np
 import pytest
+
+from runtime.grpc.generated import dataplane_pb2_grpc
 
 from ..conftest import TEST_MODELS
 from ..external import free_port, haproxy, nginx, redis_server
@@ -130,7 +134,7 @@ async def test_sequences_survive_a_replica_killed_and_restarted(
                 servers["a"] = await asyncio.to_thread(replica, redis_url, ports["a"])
 
             limits = httpx.Limits(max_connections=SEQUENCES, max_keepalive_connections=SEQUENCES)
-            async with httpx.AsyncClient(base_url=proxy, limits=limits, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=proxy.url, limits=limits, timeout=30) as client:
                 trouble = asyncio.create_task(chaos())
                 sums = await asyncio.gather(*(counter(client, run, i) for i in range(SEQUENCES)))
                 await trouble
@@ -191,59 +195,82 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
         b.stop()
 
 
+def grpc_step(x: int, start: bool = False) -> Any:
+    """A gRPC ModelInfer request of one counter step (its sequence fields go in metadata)."""
+    from runtime.grpc.generated import dataplane_pb2 as pb
+
+    made = pb.ModelInferRequest(model_name="counter")
+    made.inputs.add(name="x", datatype="INT64", shape=[1])
+    made.raw_input_contents.append(np.array([x], np.int64).tobytes())
+    if start:
+        made.parameters["sequence_start"].bool_param = True
+    return made
+
+
+def grpc_total(answer: Any) -> int:
+    return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
+
+
 def test_grpc_metadata_carry_the_sequence_and_its_step_numbers_over_redis(redis_url: str) -> None:
     """Over gRPC with the Redis store: a START without an id learns the server-made id and the
     replica from the trailing metadata; the id and ``sequence_step`` travel as metadata; a retried
     step gets its stored answer, a step from the future FAILED_PRECONDITION naming the expected one."""
-    import grpc
-    import numpy as np
-
-    from runtime.grpc.generated import dataplane_pb2 as pb
-    from runtime.grpc.generated import dataplane_pb2_grpc
-
-    def request(x: int, start: bool = False) -> pb.ModelInferRequest:
-        made = pb.ModelInferRequest(model_name="counter")
-        made.inputs.add(name="x", datatype="INT64", shape=[1])
-        made.raw_input_contents.append(np.array([x], np.int64).tobytes())
-        if start:
-            made.parameters["sequence_start"].bool_param = True
-        return made
-
-    def total(answer: pb.ModelInferResponse) -> int:
-        return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
-
     server = replica(redis_url, free_port())
     try:
         with grpc.insecure_channel(server.grpc_address) as channel:
             infer = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
-            first, call = infer.with_call(request(5, start=True), metadata=(("sequence_step", "1"),))
+            first, call = infer.with_call(grpc_step(5, start=True), metadata=(("sequence_step", "1"),))
             trailers = dict(call.trailing_metadata())
             made = trailers["ts_request_sequence_id"]
+            served_by = first.parameters["sequence_replica"].string_param
             assert made.startswith("seq-") and first.parameters["sequence_id"].string_param == made
-            assert trailers["sequence_replica"] == first.parameters["sequence_replica"].string_param != ""
+            assert trailers["sequence_replica"] == served_by != ""
 
-            def numbered(x: int, number: int) -> tuple[pb.ModelInferResponse, dict[str, str]]:
+            def numbered(x: int, number: int) -> tuple[Any, dict[str, str]]:
                 metadata = (("ts_request_sequence_id", made), ("sequence_step", str(number)))
-                answer, call = infer.with_call(request(x), metadata=metadata)
+                answer, call = infer.with_call(grpc_step(x), metadata=metadata)
                 return answer, dict(call.trailing_metadata())
 
             second, trailers = numbered(3, 2)
-            assert (
-                total(second) == 8
-                and trailers["sequence_replica"] == first.parameters["sequence_replica"].string_param
-            )
+            assert grpc_total(second) == 8 and trailers["sequence_replica"] == served_by
             retried, _ = numbered(3, 2)
-            assert total(retried) == 8 and list(retried.raw_output_contents) == list(
-                second.raw_output_contents
-            )
+            assert list(retried.raw_output_contents) == list(second.raw_output_contents)
             with pytest.raises(grpc.RpcError) as ahead:
                 numbered(1, 5)
             assert ahead.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "expects sequence_step=3, got 5" in (ahead.value.details() or "")
             third, _ = numbered(1, 3)
-            assert total(third) == 9  # the retry and the refused step applied nothing
+            assert grpc_total(third) == 9  # the retry and the refused step applied nothing
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("proxy_kind", ["haproxy", "nginx"])
+def test_the_shipped_configs_route_grpc_by_the_sequence_metadata(redis_url: str, proxy_kind: str) -> None:
+    """The gRPC part of each shipped proxy config: every step of a sequence reaches one replica
+    (hashing on the ``ts_request_sequence_id`` metadata), and the sequences spread over both."""
+    front = {"haproxy": haproxy, "nginx": nginx}[proxy_kind]
+    servers = [replica(redis_url, free_port()) for _ in range(2)]
+    try:
+        rest = [server.http_url.removeprefix("http://") for server in servers]
+        with (
+            front(rest, [server.grpc_address for server in servers]) as proxy,
+            grpc.insecure_channel(proxy.grpc) as channel,
+        ):
+            infer = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+            served: dict[str, set[str]] = {}
+            for number in range(1, 6):
+                for index in range(16):
+                    sid = f"{proxy_kind}-grpc-{index}"
+                    metadata = (("ts_request_sequence_id", sid), ("sequence_step", str(number)))
+                    answer, call = infer.with_call(grpc_step(number, start=number == 1), metadata=metadata)
+                    assert grpc_total(answer) == sum(range(1, number + 1))
+                    served.setdefault(sid, set()).add(dict(call.trailing_metadata())["sequence_replica"])
+            assert all(len(replicas) == 1 for replicas in served.values()), served
+            assert len(set().union(*served.values())) == 2  # 16 sequences hashed over both replicas
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_the_shipped_proxy_configs_are_valid() -> None:
