@@ -195,6 +195,56 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
         b.stop()
 
 
+async def test_a_draining_replica_finishes_the_step_it_runs_then_releases_its_sequence(
+    redis_url: str,
+) -> None:
+    """SIGTERM while a step runs: the step finishes (200) and its state is written; when the
+    replica unloads, the lease is released, so the other replica goes on at once (the lease, 60 s,
+    has not expired), from that state."""
+    import redis.asyncio as aioredis
+
+    a = replica(redis_url, free_port(), "--drain-delay", "30", lease_ms=60000)
+    b = replica(redis_url, free_port(), lease_ms=60000)
+    probe = aioredis.Redis.from_url(redis_url)
+    try:
+        async with (
+            httpx.AsyncClient(base_url=a.http_url, timeout=30) as on_a,
+            httpx.AsyncClient(base_url=b.http_url, timeout=30) as on_b,
+        ):
+            slow = body(4, 1)
+            slow["parameters"]["hold_s"] = 2.0
+            running = asyncio.create_task(
+                on_a.post("/v2/models/counter/infer", json=slow, headers={"ts_request_sequence_id": "f"})
+            )
+            key = "mlserver:seq:counter::f"
+            for _ in range(1000):  # until a claimed it: the step runs now (2 s), nothing written yet
+                if await probe.hget(key, "step") == b"0":
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                raise AssertionError("the step never started")
+            a.process.send_signal(signal.SIGTERM)
+            answer = await running
+            assert answer.status_code == 200 and int(answer.json()["outputs"][0]["data"][0]) == 4
+            assert await probe.hget(key, "step") == b"1"  # its state written
+            held = await on_b.post(
+                "/v2/models/counter/infer", json=body(5, 2), headers={"ts_request_sequence_id": "f"}
+            )
+            assert held.status_code == 503  # a still holds it (draining, its listeners open)
+            a.process.send_signal(signal.SIGTERM)  # a second signal cuts the drain delay short
+            assert await asyncio.to_thread(a.process.wait, 60) == 0
+            assert int(await probe.hget(key, "until") or -1) == 0  # released when it unloaded
+            moved = await on_b.post(
+                "/v2/models/counter/infer", json=body(5, 2), headers={"ts_request_sequence_id": "f"}
+            )
+            assert moved.status_code == 200, moved.text
+            assert [int(v) for v in moved.json()["outputs"][1]["data"]] == [4, 5]
+    finally:
+        await probe.aclose()
+        a.stop(signal.SIGKILL)
+        b.stop()
+
+
 def grpc_step(x: int, start: bool = False) -> Any:
     """A gRPC ModelInfer request of one counter step (its sequence fields go in metadata)."""
     from runtime.grpc.generated import dataplane_pb2 as pb
