@@ -370,7 +370,7 @@ def test_states_are_stored_as_bytes_tensors_included() -> None:
     from runtime.sequences.redis_store import dumps
 
     h = torch.arange(2 * 512, dtype=torch.float32).reshape(2, 512)
-    state = {"h": h, "c": h.numpy() * 2, "n": 3}
+    state: dict[str, Any] = {"h": h, "c": h.numpy() * 2, "n": 3}
     stored = dumps(state)
     assert len(stored) < h.numel() * 4 * 2 + 1024  # the two arrays' bytes and a little framing
     assert h.numpy().tobytes() in stored
