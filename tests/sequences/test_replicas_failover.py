@@ -195,12 +195,10 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
         b.stop()
 
 
-async def test_a_draining_replica_finishes_the_step_it_runs_then_releases_its_sequence(
-    redis_url: str,
-) -> None:
-    """SIGTERM while a step runs: the step finishes (200) and its state is written; when the
-    replica unloads, the lease is released, so the other replica goes on at once (the lease, 60 s,
-    has not expired), from that state."""
+async def test_a_draining_replica_finishes_the_step_it_runs_and_releases_its_sequence(redis_url: str) -> None:
+    """SIGTERM while a step runs: the step finishes (200), and the write of its state frees the
+    lease, so the other replica goes on at once from that state (the lease, 60 s, has not expired),
+    while the draining one still keeps its listeners open."""
     import redis.asyncio as aioredis
 
     a = replica(redis_url, free_port(), "--drain-delay", "30", lease_ms=60000)
@@ -227,18 +225,17 @@ async def test_a_draining_replica_finishes_the_step_it_runs_then_releases_its_se
             answer = await running
             assert answer.status_code == 200 and int(answer.json()["outputs"][0]["data"][0]) == 4
             assert await probe.hget(key, "step") == b"1"  # its state written
-            held = await on_b.post(
-                "/v2/models/counter/infer", json=body(5, 2), headers={"ts_request_sequence_id": "f"}
-            )
-            assert held.status_code == 503  # a still holds it (draining, its listeners open)
-            a.process.send_signal(signal.SIGTERM)  # a second signal cuts the drain delay short
-            assert await asyncio.to_thread(a.process.wait, 60) == 0
-            assert int(await probe.hget(key, "until") or -1) == 0  # released when it unloaded
+            seconds, micros = await probe.time()
+            lease_end = int(await probe.hget(key, "until") or 0)
+            assert 0 < lease_end <= seconds * 1000 + micros // 1000  # and its lease freed with it
+            assert (await on_a.get("/v2/health/ready")).status_code == 503  # a drains still
             moved = await on_b.post(
                 "/v2/models/counter/infer", json=body(5, 2), headers={"ts_request_sequence_id": "f"}
             )
             assert moved.status_code == 200, moved.text
             assert [int(v) for v in moved.json()["outputs"][1]["data"]] == [4, 5]
+            a.process.send_signal(signal.SIGTERM)  # a second signal cuts the drain delay short
+            assert await asyncio.to_thread(a.process.wait, 60) == 0
     finally:
         await probe.aclose()
         a.stop(signal.SIGKILL)
