@@ -43,7 +43,6 @@ import inspect
 import itertools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,6 +53,7 @@ from ..model import MLModel
 from ..observability.tracing import batch_span
 from ..sequences.identity import parse_control
 from ..settings import ModelSettings
+from ..streams.pipeline import assign_id
 from ..types import InferenceRequest, InferenceResponse
 from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout
@@ -194,7 +194,7 @@ class ContinuousScheduler(Scheduler):
             request=request,
             key=control.key if control is not None else None,  # a sequence's requests join in order
             future=asyncio.get_running_loop().create_future(),
-            stream=Stream(request, request.id or str(uuid.uuid4())),
+            stream=Stream(request, assign_id(request)),
             call=call,
             index=call.taken,
             collect=collect,
