@@ -4,10 +4,13 @@
 layers contract cannot: that no group of modules inside ``runtime`` imports itself round in a
 circle (imports inside functions included, since grimp reads every import statement), and that no
 two modules share a file name, so that a module's name says which one it is.
+They also check that the contract leaves no module of ``runtime`` out of its layers.
 """
 
 from __future__ import annotations
 
+import configparser
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -91,3 +94,29 @@ def test_no_two_modules_share_a_name() -> None:
         if path.name != "__init__.py" and "generated" not in path.parts
     )
     assert [name for name, count in names.items() if count > 1] == []
+
+
+def _contract_layers() -> list[str]:
+    """The modules and packages the layers contract of ``.importlinter`` names."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter")
+    named: list[str] = []
+    for section in parser.sections():
+        if parser.get(section, "type", fallback=None) == "layers":
+            for line in parser.get(section, "layers").split():
+                named.extend(name for name in re.split(r"[|:]", line) if name.strip())
+    return [name.strip() for name in named]
+
+
+def test_the_layers_contract_names_every_module() -> None:
+    """Every module of ``runtime`` sits in a layer (a package's ``__init__`` goes with its package's
+    modules), so that none can import upwards unnoticed."""
+    named = _contract_layers()
+    unnamed = sorted(
+        module
+        for module, _ in _import_graph().items()
+        if module != "runtime"
+        and not (PACKAGE / (module.removeprefix("runtime.").replace(".", "/") + "/__init__.py")).exists()
+        and not any(module == layer or module.startswith(layer + ".") for layer in named)
+    )
+    assert unnamed == []
