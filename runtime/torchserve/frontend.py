@@ -22,7 +22,7 @@ id, and its answers from the DataPlane (translation only; the core decides).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..dataplane import DataPlane
 from ..errors import SequenceNotOpen
 from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
+from ..streams.pipeline import one
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from . import PLATFORM
 from .payload import Answer, Entry, build_instances_request, build_request, read_answers
@@ -141,7 +142,7 @@ class FrontEnd:
                 yield item
 
     async def _stream(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
-        async with aclosing(self.dataplane.infer_stream(_one(request), name, version)) as responses:
+        async with aclosing(self.dataplane.infer_stream(one(request), name, version)) as responses:
             async for response in responses:
                 for answer in read_answers(response):
                     yield answer, response
@@ -152,7 +153,3 @@ def _mark_explain(request: InferenceRequest) -> None:
         request.parameters = Parameters(**{EXPLAIN: True})
     else:
         setattr(request.parameters, EXPLAIN, True)
-
-
-async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
-    yield request
