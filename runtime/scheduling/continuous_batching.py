@@ -49,11 +49,11 @@ from typing import Any
 
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import ModelFailed, ModelNotReady, ShuttingDown
+from ..ids import assign_id
 from ..model import MLModel
 from ..observability.tracing import batch_span
 from ..sequences.identity import parse_control
 from ..settings import ModelSettings
-from ..streams.pipeline import assign_id
 from ..types import InferenceRequest, InferenceResponse
 from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
 from .queueing import WaitQueue, queue_timeout

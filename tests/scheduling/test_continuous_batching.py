@@ -249,7 +249,7 @@ async def test_a_unary_request_runs_in_the_batch_and_gets_its_chunks_combined(in
     assert ["stream", "unary"] in model.batches
 
 
-async def test_a_request_without_an_id_gets_one_from_the_pipeline(inprocess: InProcess) -> None:
+async def test_a_request_without_an_id_is_named_by_assign_id(inprocess: InProcess) -> None:
     """The batcher names a stream by the id ``assign_id`` gives the request, the one place request
     ids are made: the model's stream, the request and the answer carry the same id."""
     model, _ = await loaded(inprocess, ticker_settings())
