@@ -28,7 +28,6 @@ from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import SequenceNotOpen
-from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
 from ..streams.pipeline import one
 from ..types import InferenceRequest, InferenceResponse, Parameters
@@ -64,7 +63,7 @@ class FrontEnd:
             headers = {**headers, HEADER_ID: sequence_id}
         if explain:
             headers = {**headers, EXPLAIN: "True"}
-        request = build_request(entries, headers, new_id())
+        request = build_request(entries, headers)
         if explain:
             _mark_explain(request)
         if settings.sequence_batching:
@@ -98,7 +97,7 @@ class FrontEnd:
             groups = [instances]
         requests = []
         for group in groups:
-            request = build_instances_request(group, headers, new_id())
+            request = build_instances_request(group, headers)
             if explain:
                 _mark_explain(request)
             if settings.sequence_batching:  # V1 has no sequences: each instance is one of its own
