@@ -5,9 +5,10 @@
 Starts a private redis-server on 127.0.0.1 (a free port) and one server with two copies of
 ``examples/sequences/lstm`` (80 features per frame, 2 LSTM layers of 512, its state two tensors of
 2 x 512 floats per sequence): ``lstm`` with ``sequence_store: "memory"`` and ``lstm-redis`` with
-``sequence_store: "redis://..."``: each step claims its sequence (a lease), loads the state, and
-writes the new state, step count and lease with one fenced, pipelined write (one round trip per
-batch each way; the state pickled, tensors as bytes). N clients each run one sequence closed-loop as
+``sequence_store: "redis://..."``: a batch's steps of sequences the replica does not hold under a
+fresh lease are claimed (a lease) and their states loaded with one script call, and every batch
+writes its new states, step counts and leases with one fenced script call (one round trip per
+batch; the states pickled, tensors as their bytes). N clients each run one sequence closed-loop as
 in ``bench_sequence.py``; the two models alternate in short slices of one run, so a change of load
 on a shared machine weighs on both alike. The ratio redis / memory is the figure of merit.
 """

@@ -1,11 +1,14 @@
-"""Server-made ids: for requests that came without one (uuid4 text, made without uuid's overhead),
-and for sequences started without one (from the ``secrets`` module: a sequence id is all a client
-needs to send requests into that sequence and read its state, so it must not be guessable)."""
+"""Server-made ids: for requests that came without one (uuid4 text, made without uuid's overhead;
+``assign_id`` is the one place a request gets one), and for sequences started without one (from the
+``secrets`` module: a sequence id is all a client needs to send requests into that sequence and read
+its state, so it must not be guessable)."""
 
 from __future__ import annotations
 
 import secrets
 from random import getrandbits
+
+from .types import InferenceRequest
 
 _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_000000000000)
 
@@ -13,6 +16,13 @@ _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_
 def new_id() -> str:
     """A random version-4 UUID in its usual text form (not for secrets: ids only need to be unique)."""
     return _uuid_text(getrandbits(128))
+
+
+def assign_id(request: InferenceRequest) -> str:
+    """The request's id, made now if it came without one: the one place request ids are assigned."""
+    if request.id is None:
+        request.id = new_id()
+    return request.id
 
 
 def new_secret_id() -> str:

@@ -10,8 +10,8 @@ The DataPlane runs them for unary requests and each stream's requests.
 from __future__ import annotations
 
 from .errors import InvalidInput, ModelFailed
+from .ids import assign_id
 from .registry import ModelEntry
-from .streams.pipeline import assign_id
 from .tensors import dtype_of, element_count, input_array, output_array
 from .types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput, set_field
 

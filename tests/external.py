@@ -1,8 +1,9 @@
-"""Real external processes for tests: redis-server and haproxy on 127.0.0.1, on free ports.
+"""Real external processes for tests: redis-server, haproxy and nginx on 127.0.0.1, on free ports.
 
 Each is started by the test, waited for by polling (a PING, a TCP connect), and stopped by its PID.
-A test whose binary is missing skips, saying which binary and how to get it (``.ci/run`` installs
-both from Debian: ``apt-get install redis-server haproxy``).
+A test whose binary is missing skips, saying which binary and how to get it (``scripts/test``, which
+``.ci/run`` runs, installs them from Debian when one is missing: ``apt-get install redis-server
+haproxy nginx-core``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -95,18 +97,35 @@ def redis_server() -> Iterator[str]:
         _stop(process)
 
 
+@dataclass(frozen=True)
+class Front:
+    """A proxy in front of the replicas: its REST URL and its gRPC address (host:port)."""
+
+    url: str
+    grpc: str
+
+
 HAPROXY_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
 
 
 @contextmanager
-def haproxy(replicas: list[str]) -> Iterator[str]:
+def haproxy(replicas: list[str], grpc_replicas: list[str] | None = None) -> Iterator[Front]:
     """HAProxy with the shipped config (deploy/haproxy/haproxy.cfg: hashing on the sequence id
-    header, consistent, health checks on readiness) over two replicas (host:port); yields its URL."""
+    header, consistent, health checks on readiness) over two replicas (REST host:port, and their
+    gRPC host:port where given); yields its addresses."""
     exe = binary("haproxy")
     assert len(replicas) == 2, "the shipped config names two replicas"
+    grpc_replicas = grpc_replicas or ["127.0.0.1:1", "127.0.0.1:1"]
     for _attempt in range(5):
-        port = free_port()
-        env = {"BIND": f"127.0.0.1:{port}", "REPLICA_0": replicas[0], "REPLICA_1": replicas[1]}
+        port, grpc_port = free_port(), free_port()
+        env = {
+            "BIND": f"127.0.0.1:{port}",
+            "REPLICA_0": replicas[0],
+            "REPLICA_1": replicas[1],
+            "GRPC_BIND": f"127.0.0.1:{grpc_port}",
+            "GRPC_REPLICA_0": grpc_replicas[0],
+            "GRPC_REPLICA_1": grpc_replicas[1],
+        }
         process = subprocess.Popen(
             [exe, "-f", str(HAPROXY_CONFIG), "-db"],
             stdout=subprocess.DEVNULL,
@@ -122,7 +141,7 @@ def haproxy(replicas: list[str]) -> Iterator[str]:
     else:
         raise RuntimeError("haproxy did not start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield Front(f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
     finally:
         _stop(process)
 
@@ -131,12 +150,13 @@ NGINX_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "ng
 
 
 @contextmanager
-def nginx(replicas: list[str]) -> Iterator[str]:
+def nginx(replicas: list[str], grpc_replicas: list[str] | None = None) -> Iterator[Front]:
     """nginx with the shipped config (deploy/nginx/nginx.conf: consistent hash on the sequence id
-    header), its example addresses replaced by free ports and the two replicas (host:port); yields
-    its URL."""
+    header), its example addresses replaced by free ports and the two replicas (REST host:port, and
+    their gRPC host:port where given); yields its addresses."""
     exe = binary("nginx")
     assert len(replicas) == 2, "the shipped config names two replicas"
+    grpc_replicas = grpc_replicas or ["127.0.0.1:1", "127.0.0.1:1"]
     shipped = NGINX_CONFIG.read_text()
     with tempfile.TemporaryDirectory() as prefix:
         for _attempt in range(5):
@@ -146,6 +166,8 @@ def nginx(replicas: list[str]) -> Iterator[str]:
                 .replace("127.0.0.1:8081", replicas[0])
                 .replace("127.0.0.1:8082", replicas[1])
                 .replace("127.0.0.1:8090", f"127.0.0.1:{grpc_port}")
+                .replace("127.0.0.1:8091", grpc_replicas[0])
+                .replace("127.0.0.1:8092", grpc_replicas[1])
             )
             path = Path(prefix) / "nginx.conf"
             path.write_text(config)
@@ -163,6 +185,6 @@ def nginx(replicas: list[str]) -> Iterator[str]:
         else:
             raise RuntimeError("nginx did not start")
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield Front(f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
         finally:
             _stop(process)

@@ -4,10 +4,13 @@
 layers contract cannot: that no group of modules inside ``runtime`` imports itself round in a
 circle (imports inside functions included, since grimp reads every import statement), and that no
 two modules share a file name, so that a module's name says which one it is.
+They also check that the contract leaves no module of ``runtime`` out of its layers.
 """
 
 from __future__ import annotations
 
+import configparser
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -91,3 +94,79 @@ def test_no_two_modules_share_a_name() -> None:
         if path.name != "__init__.py" and "generated" not in path.parts
     )
     assert [name for name, count in names.items() if count > 1] == []
+
+
+def _contract_layers() -> list[str]:
+    """The modules and packages the layers contract of ``.importlinter`` names."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter")
+    named: list[str] = []
+    for section in parser.sections():
+        if parser.get(section, "type", fallback=None) == "layers":
+            for line in parser.get(section, "layers").split():
+                named.extend(name for name in re.split(r"[|:]", line) if name.strip())
+    return [name.strip() for name in named]
+
+
+def test_the_layers_contract_names_every_module() -> None:
+    """Every module of ``runtime`` sits in a layer (a package's ``__init__`` goes with its package's
+    modules), so that none can import upwards unnoticed."""
+    named = _contract_layers()
+    unnamed = sorted(
+        module
+        for module, _ in _import_graph().items()
+        if module != "runtime"
+        and not (PACKAGE / (module.removeprefix("runtime.").replace(".", "/") + "/__init__.py")).exists()
+        and not any(module == layer or module.startswith(layer + ".") for layer in named)
+    )
+    assert unnamed == []
+
+
+MAP_DOCS = ("CONTRIBUTING.md", "docs/architecture.md")
+SOURCES = ("runtime", "tests", "scripts", "benchmarks", "examples")
+
+
+def _read_doc(doc: str) -> str:
+    """A document's text with ``folder/{a,b}.py`` written out as ``folder/a.py`` and ``folder/b.py``."""
+
+    def expand(match: re.Match[str]) -> str:
+        return ", ".join(f"`{match[1]}{name.strip()}.py`" for name in match[2].split(","))
+
+    return re.sub(r"`([\w/]*/)\{([\w, ]+)\}\.py`", expand, (ROOT / doc).read_text())
+
+
+def test_the_docs_name_only_modules_that_exist() -> None:
+    """The package map (CONTRIBUTING.md) and the drawings (docs/architecture.md) go stale when a
+    module moves: every ``runtime/...`` path and every ``name.py`` they mention must exist."""
+    files = {path.name for folder in SOURCES for path in (ROOT / folder).rglob("*.py")}
+    stale = []
+    for doc in MAP_DOCS:
+        text = _read_doc(doc)
+        stale += [
+            f"{doc}: {p}"
+            for p in re.findall(r"runtime/[\w/]*\w(?:\.py)?", text)
+            if not (ROOT / p).exists() and not (ROOT / f"{p}.py").exists()
+        ]
+        stale += [f"{doc}: {name}" for name in re.findall(r"\b\w+\.py\b", text) if name not in files]
+    assert stale == []
+
+
+def test_the_package_map_names_every_module() -> None:
+    """CONTRIBUTING.md's map of the packages names each module of ``runtime`` (by its path, its file
+    name, or a package folder it documents as a whole, like ``runtime/torch/``)."""
+    text = _read_doc("CONTRIBUTING.md")
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if path.name == "__init__.py" or "generated" in relative.parts:
+            continue
+        folder = f"{relative.parent.as_posix()}/"
+        parts = relative.parts
+        if relative.as_posix() in text or any(
+            f"`{'/'.join(parts[i:])}`" in text for i in range(1, len(parts))
+        ):
+            continue
+        if folder != "runtime/" and f"`{folder}`" in text and f"`{folder}` (" not in text:
+            continue  # the whole package documented as one
+        missing.append(relative.as_posix())
+    assert missing == []

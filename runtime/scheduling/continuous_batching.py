@@ -43,13 +43,13 @@ import inspect
 import itertools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from ..errors import ModelFailed, ModelNotReady, ShuttingDown
+from ..ids import assign_id
 from ..model import MLModel
 from ..observability.tracing import batch_span
 from ..sequences.identity import parse_control
@@ -194,7 +194,7 @@ class ContinuousScheduler(Scheduler):
             request=request,
             key=control.key if control is not None else None,  # a sequence's requests join in order
             future=asyncio.get_running_loop().create_future(),
-            stream=Stream(request, request.id or str(uuid.uuid4())),
+            stream=Stream(request, assign_id(request)),
             call=call,
             index=call.taken,
             collect=collect,

@@ -18,7 +18,8 @@ the same answer for an ended sequence.
   part are written the same way, their step counts left as they are.
 - Endings are recorded in the store (``_record_end``); as the server drains (``hand_over``), and
   at unload (``stop``), the leases of the sequences that run nothing are released so that another
-  replica takes each over at once; their states stay in the store.
+  replica takes each over at once; their states stay in the store. A step that runs as the server
+  drains frees its lease with the write of its state.
 
 ``make_engine`` picks the engine a model's settings (or a given store) call for.
 """
@@ -76,6 +77,8 @@ class ReplicatedEngine(SequenceEngine):
         self, settings: ModelSettings, ended: EndedHook, strategy: SequenceStrategy, store: SharedStateStore
     ) -> None:
         self._shared = store
+        self._handing_over = False
+        """Set as the server drains: each step written from then on frees its sequence's lease."""
         super().__init__(settings, ended, strategy, store)
 
     @property
@@ -149,7 +152,8 @@ class ReplicatedEngine(SequenceEngine):
                 batch[i].sequence.step,
                 batch[i].sequence.answer,
                 "end" if ends[i] else None,
-                release=batch[i].control.generated,
+                # a server-made id may hash to another replica; a draining replica takes no more steps
+                release=batch[i].control.generated or self._handing_over,
             )
             for i in good
         ]
@@ -185,8 +189,9 @@ class ReplicatedEngine(SequenceEngine):
 
     async def hand_over(self) -> None:
         """Release the leases of the sequences that run and wait for nothing here, so that another
-        replica takes each over at its next step at once (the others are released when they have
-        run, at ``stop``)."""
+        replica takes each over at its next step at once; the others are released with the write of
+        the step they run (and at ``stop``)."""
+        self._handing_over = True
         idle = [
             key for key, seq in self.table.active.items() if not self.strategy.busy(seq) and not seq.queue
         ]

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from ..errors import InvalidInput, ServerError
+from ..ids import assign_id
 from ..types import InferenceRequest, InferenceResponse
-from .pipeline import Outbox, Recent, StreamError, assign_id, one, sort_error, stop_tasks
+from .pipeline import Outbox, Recent, StreamError, one, sort_error, stop_tasks
 
 logger = logging.getLogger(__name__)
 

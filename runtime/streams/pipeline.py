@@ -1,7 +1,7 @@
 """The one stream pipeline: requests in, ordered answers out, bounded read-ahead, cancellation
 that reaches the model. Every streaming front end goes through it: SSE (``infer_stream``,
 ``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.streams.client_streams``) and
-the schedulers' own stream plumbing (``Outbox``, ``assign_id``, ``RequestFailed``).
+the schedulers' own stream plumbing (``Outbox``, ``RequestFailed``).
 
 ``DataPlane.infer_stream`` and ``DataPlane.infer_stream_in_band`` run a :class:`StreamSession`.
 What it guarantees, whatever the transport:
@@ -15,7 +15,7 @@ What it guarantees, whatever the transport:
   iterates it closes the model's generator (GeneratorExit at its ``yield``) or cancels what it
   awaits (CancelledError), and the scheduler's slot with it. Nothing is left running.
 - **Every response names its request.** Each request without an id gets a fresh one
-  (:func:`assign_id`, the one place request ids are made) before the model sees it. A response
+  (``runtime.ids.assign_id``, the one place request ids are made) before the model sees it. A response
   answers the request whose id the model put in ``response.id`` (one of the last
   ``RECENT_REQUESTS`` it was given), or else the latest request the model has taken. That is exact
   for one request streamed back (unary→stream) and for models that answer each request before
@@ -54,7 +54,7 @@ from typing import Generic, TypeVar
 import anyio
 
 from ..errors import InvalidInput, ModelFailed, ServerError
-from ..ids import new_id
+from ..ids import assign_id
 from ..types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -67,13 +67,6 @@ CHECKPOINT_SECONDS = 0.001
 
 RECENT_REQUESTS = 128
 """How many of a stream's latest requests a model may still answer by id (bounds memory per stream)."""
-
-
-def assign_id(request: InferenceRequest) -> str:
-    """The request's id, made now if it came without one: the one place request ids are assigned."""
-    if request.id is None:
-        request.id = new_id()
-    return request.id
 
 
 async def one(request: InferenceRequest) -> AsyncGenerator[InferenceRequest, None]:

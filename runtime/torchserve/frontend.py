@@ -22,15 +22,15 @@ id, and its answers from the DataPlane (translation only; the core decides).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import SequenceNotOpen
-from ..ids import new_id
 from ..sequences.identity import END, ID, START, apply_transport_fields
 from ..settings import ModelSettings
+from ..streams.pipeline import one
 from ..types import InferenceRequest, InferenceResponse, Parameters
 from . import PLATFORM
 from .payload import Answer, Entry, build_instances_request, build_request, read_answers
@@ -63,7 +63,7 @@ class FrontEnd:
             headers = {**headers, HEADER_ID: sequence_id}
         if explain:
             headers = {**headers, EXPLAIN: "True"}
-        request = build_request(entries, headers, new_id())
+        request = build_request(entries, headers)
         if explain:
             _mark_explain(request)
         if settings.sequence_batching:
@@ -92,7 +92,7 @@ class FrontEnd:
             groups = [instances]
         requests = []
         for group in groups:
-            request = build_instances_request(group, headers, new_id())
+            request = build_instances_request(group, headers)
             if explain:
                 _mark_explain(request)
             if settings.sequence_batching:  # V1 has no sequences: each instance is one of its own
@@ -132,7 +132,7 @@ class FrontEnd:
                 yield item
 
     async def _stream(self, request: InferenceRequest, name: str, version: str | None) -> Answers:
-        async with aclosing(self.dataplane.infer_stream(_one(request), name, version)) as responses:
+        async with aclosing(self.dataplane.infer_stream(one(request), name, version)) as responses:
             async for response in responses:
                 for answer in read_answers(response):
                     yield answer, response
@@ -154,7 +154,3 @@ def _mark_explain(request: InferenceRequest) -> None:
         request.parameters = Parameters(**{EXPLAIN: True})
     else:
         setattr(request.parameters, EXPLAIN, True)
-
-
-async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
-    yield request

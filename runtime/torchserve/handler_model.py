@@ -26,7 +26,7 @@ from typing import Any
 
 from ..continuous import ContinuousModel, StepResult, Stream
 from ..errors import ModelFailed
-from ..ids import new_id
+from ..ids import assign_id
 from ..model import MLModel
 from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..settings import ModelSettings
@@ -85,7 +85,7 @@ class _HandlerMixin:
         return await loop.run_in_executor(self._executor, self.runner.run, rows, sink, extra_headers)
 
     def _rows(self, request: InferenceRequest) -> list[Row]:
-        return read_rows(request, request.id or new_id())
+        return read_rows(request, assign_id(request))
 
 
 class HandlerModel(_HandlerMixin, MLModel):

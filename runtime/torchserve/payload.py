@@ -28,7 +28,8 @@ import numpy as np
 import orjson
 
 from ..errors import InvalidInput, ModelFailed
-from ..types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
+from ..ids import assign_id
+from ..types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput, set_field
 
 META = "ts_request"
 BODY = "body"
@@ -75,19 +76,21 @@ class Answer:
         return self.headers.get(STREAM_NEXT) == "true"
 
 
-def build_request(entries: list[Entry], headers: dict[str, str], request_id: str) -> InferenceRequest:
-    """The InferenceRequest for one TorchServe request."""
+def build_request(entries: list[Entry], headers: dict[str, str]) -> InferenceRequest:
+    """The InferenceRequest for one TorchServe request (named by ``assign_id``: TorchServe's wire has no id)."""
+    request = InferenceRequest(inputs=[])
     content_types = {e.name: e.content_type for e in entries if e.content_type}
-    meta = orjson.dumps({"id": request_id, "headers": headers, "content_types": content_types})
+    meta = orjson.dumps({"id": assign_id(request), "headers": headers, "content_types": content_types})
     inputs = [_bytes_input(e.name, e.value) for e in entries]
     inputs.append(_bytes_input(META, meta))
-    return InferenceRequest(id=request_id, inputs=inputs)
+    set_field(request, "inputs", inputs)
+    return request
 
 
-def build_instances_request(
-    instances: list[Any], headers: dict[str, str], request_id: str
-) -> InferenceRequest:
+def build_instances_request(instances: list[Any], headers: dict[str, str]) -> InferenceRequest:
     """The InferenceRequest for the instances of one KServe V1 request: one row per instance."""
+    request = InferenceRequest(inputs=[])
+    request_id = assign_id(request)
     rows = len(instances)
     metas = [
         orjson.dumps(
@@ -101,7 +104,8 @@ def build_instances_request(
         for i in range(rows)
     ]
     bodies = [orjson.dumps(instance) for instance in instances]
-    return InferenceRequest(id=request_id, inputs=[_bytes_input(BODY, *bodies), _bytes_input(META, *metas)])
+    request.inputs = [_bytes_input(BODY, *bodies), _bytes_input(META, *metas)]
+    return request
 
 
 def _bytes_input(name: str, *values: bytes) -> RequestInput:

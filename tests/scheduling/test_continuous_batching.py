@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import anyio
@@ -12,7 +13,7 @@ from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, 
 from runtime.scheduling.callers import STREAM_BUFFER
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
-from runtime.types import InferenceRequest
+from runtime.types import InferenceRequest, Parameters
 
 from ..conftest import InProcess
 from ..continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
@@ -246,6 +247,17 @@ async def test_a_unary_request_runs_in_the_batch_and_gets_its_chunks_combined(in
     assert list(response.outputs[0].data) == [1, 2, 3]
     assert extra(response)["batch_size"] == 2
     assert ["stream", "unary"] in model.batches
+
+
+async def test_a_request_without_an_id_is_named_by_assign_id(inprocess: InProcess) -> None:
+    """The batcher names a stream by the id ``assign_id`` gives the request, the one place request
+    ids are made: the model's stream, the request and the answer carry the same id."""
+    model, _ = await loaded(inprocess, ticker_settings())
+    unnamed = InferenceRequest(inputs=[], parameters=Parameters(length=2))
+    response = await inprocess.dataplane.infer(unnamed, "ticker")
+    assert unnamed.id is not None and uuid.UUID(unnamed.id).version == 4
+    assert response.id == unnamed.id
+    assert [unnamed.id] in model.batches
 
 
 async def test_refusals_and_back_pressure(inprocess: InProcess) -> None:

@@ -357,3 +357,25 @@ async def test_a_step_of_a_sequence_held_here_is_one_round_trip(redis_url: str) 
     finally:
         await probe.aclose()
         await server.registry.unload_all()
+
+
+def test_states_are_stored_as_bytes_tensors_included() -> None:
+    """A state's tensors and arrays travel as their raw bytes (not JSON, not torch.save), and come
+    back as they were; a tensor numpy cannot hold (bfloat16) still round-trips."""
+    import pickle
+
+    import numpy as np
+    import torch
+
+    from runtime.sequences.redis_store import dumps
+
+    h = torch.arange(2 * 512, dtype=torch.float32).reshape(2, 512)
+    state: dict[str, Any] = {"h": h, "c": h.numpy() * 2, "n": 3}
+    stored = dumps(state)
+    assert len(stored) < h.numel() * 4 * 2 + 1024  # the two arrays' bytes and a little framing
+    assert h.numpy().tobytes() in stored
+    back = pickle.loads(stored)
+    assert isinstance(back["h"], torch.Tensor) and torch.equal(back["h"], h)
+    assert isinstance(back["c"], np.ndarray) and np.array_equal(back["c"], state["c"]) and back["n"] == 3
+    odd = torch.ones(4, dtype=torch.bfloat16)
+    assert torch.equal(pickle.loads(dumps(odd)), odd)

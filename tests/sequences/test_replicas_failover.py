@@ -21,8 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+import numpy as np
 import pytest
+
+from runtime.grpc.generated import dataplane_pb2_grpc
 
 from ..conftest import TEST_MODELS
 from ..external import free_port, haproxy, nginx, redis_server
@@ -130,7 +134,7 @@ async def test_sequences_survive_a_replica_killed_and_restarted(
                 servers["a"] = await asyncio.to_thread(replica, redis_url, ports["a"])
 
             limits = httpx.Limits(max_connections=SEQUENCES, max_keepalive_connections=SEQUENCES)
-            async with httpx.AsyncClient(base_url=proxy, limits=limits, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=proxy.url, limits=limits, timeout=30) as client:
                 trouble = asyncio.create_task(chaos())
                 sums = await asyncio.gather(*(counter(client, run, i) for i in range(SEQUENCES)))
                 await trouble
@@ -189,6 +193,131 @@ async def test_a_draining_replica_hands_its_sequences_over(redis_url: str) -> No
     finally:
         a.stop(signal.SIGKILL)
         b.stop()
+
+
+async def test_a_draining_replica_finishes_the_step_it_runs_and_releases_its_sequence(redis_url: str) -> None:
+    """SIGTERM while a step runs: the step finishes (200), and the write of its state frees the
+    lease, so the other replica goes on at once from that state (the lease, 60 s, has not expired),
+    while the draining one still keeps its listeners open."""
+    import redis.asyncio as aioredis
+
+    a = replica(redis_url, free_port(), "--drain-delay", "30", lease_ms=60000)
+    b = replica(redis_url, free_port(), lease_ms=60000)
+    probe = aioredis.Redis.from_url(redis_url)
+    try:
+        async with (
+            httpx.AsyncClient(base_url=a.http_url, timeout=30) as on_a,
+            httpx.AsyncClient(base_url=b.http_url, timeout=30) as on_b,
+        ):
+            slow = body(4, 1)
+            slow["parameters"]["hold_s"] = 2.0
+            running = asyncio.create_task(
+                on_a.post("/v2/models/counter/infer", json=slow, headers={"ts_request_sequence_id": "f"})
+            )
+            key = "mlserver:seq:counter::f"
+            for _ in range(1000):  # until a claimed it: the step runs now (2 s), nothing written yet
+                if await probe.hget(key, "step") == b"0":
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                raise AssertionError("the step never started")
+            a.process.send_signal(signal.SIGTERM)
+            answer = await running
+            assert answer.status_code == 200 and int(answer.json()["outputs"][0]["data"][0]) == 4
+            assert await probe.hget(key, "step") == b"1"  # its state written
+            seconds, micros = await probe.time()
+            lease_end = int(await probe.hget(key, "until") or 0)
+            assert 0 < lease_end <= seconds * 1000 + micros // 1000  # and its lease freed with it
+            assert (await on_a.get("/v2/health/ready")).status_code == 503  # a drains still
+            moved = await on_b.post(
+                "/v2/models/counter/infer", json=body(5, 2), headers={"ts_request_sequence_id": "f"}
+            )
+            assert moved.status_code == 200, moved.text
+            assert [int(v) for v in moved.json()["outputs"][1]["data"]] == [4, 5]
+            a.process.send_signal(signal.SIGTERM)  # a second signal cuts the drain delay short
+            assert await asyncio.to_thread(a.process.wait, 60) == 0
+    finally:
+        await probe.aclose()
+        a.stop(signal.SIGKILL)
+        b.stop()
+
+
+def grpc_step(x: int, start: bool = False) -> Any:
+    """A gRPC ModelInfer request of one counter step (its sequence fields go in metadata)."""
+    from runtime.grpc.generated import dataplane_pb2 as pb
+
+    made = pb.ModelInferRequest(model_name="counter")
+    made.inputs.add(name="x", datatype="INT64", shape=[1])
+    made.raw_input_contents.append(np.array([x], np.int64).tobytes())
+    if start:
+        made.parameters["sequence_start"].bool_param = True
+    return made
+
+
+def grpc_total(answer: Any) -> int:
+    return int(np.frombuffer(answer.raw_output_contents[0], np.int64)[0])
+
+
+def test_grpc_metadata_carry_the_sequence_and_its_step_numbers_over_redis(redis_url: str) -> None:
+    """Over gRPC with the Redis store: a START without an id learns the server-made id and the
+    replica from the trailing metadata; the id and ``sequence_step`` travel as metadata; a retried
+    step gets its stored answer, a step from the future FAILED_PRECONDITION naming the expected one."""
+    server = replica(redis_url, free_port())
+    try:
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            infer = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+            first, call = infer.with_call(grpc_step(5, start=True), metadata=(("sequence_step", "1"),))
+            trailers = dict(call.trailing_metadata())
+            made = trailers["ts_request_sequence_id"]
+            served_by = first.parameters["sequence_replica"].string_param
+            assert made.startswith("seq-") and first.parameters["sequence_id"].string_param == made
+            assert trailers["sequence_replica"] == served_by != ""
+
+            def numbered(x: int, number: int) -> tuple[Any, dict[str, str]]:
+                metadata = (("ts_request_sequence_id", made), ("sequence_step", str(number)))
+                answer, call = infer.with_call(grpc_step(x), metadata=metadata)
+                return answer, dict(call.trailing_metadata())
+
+            second, trailers = numbered(3, 2)
+            assert grpc_total(second) == 8 and trailers["sequence_replica"] == served_by
+            retried, _ = numbered(3, 2)
+            assert list(retried.raw_output_contents) == list(second.raw_output_contents)
+            with pytest.raises(grpc.RpcError) as ahead:
+                numbered(1, 5)
+            assert ahead.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "expects sequence_step=3, got 5" in (ahead.value.details() or "")
+            third, _ = numbered(1, 3)
+            assert grpc_total(third) == 9  # the retry and the refused step applied nothing
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("proxy_kind", ["haproxy", "nginx"])
+def test_the_shipped_configs_route_grpc_by_the_sequence_metadata(redis_url: str, proxy_kind: str) -> None:
+    """The gRPC part of each shipped proxy config: every step of a sequence reaches one replica
+    (hashing on the ``ts_request_sequence_id`` metadata), and the sequences spread over both."""
+    front = {"haproxy": haproxy, "nginx": nginx}[proxy_kind]
+    servers = [replica(redis_url, free_port()) for _ in range(2)]
+    try:
+        rest = [server.http_url.removeprefix("http://") for server in servers]
+        with (
+            front(rest, [server.grpc_address for server in servers]) as proxy,
+            grpc.insecure_channel(proxy.grpc) as channel,
+        ):
+            infer = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+            served: dict[str, set[str]] = {}
+            for number in range(1, 6):
+                for index in range(16):
+                    sid = f"{proxy_kind}-grpc-{index}"
+                    metadata = (("ts_request_sequence_id", sid), ("sequence_step", str(number)))
+                    answer, call = infer.with_call(grpc_step(number, start=number == 1), metadata=metadata)
+                    assert grpc_total(answer) == sum(range(1, number + 1))
+                    served.setdefault(sid, set()).add(dict(call.trailing_metadata())["sequence_replica"])
+            assert all(len(replicas) == 1 for replicas in served.values()), served
+            assert len(set().union(*served.values())) == 2  # 16 sequences hashed over both replicas
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_the_shipped_proxy_configs_are_valid() -> None:
