@@ -147,7 +147,7 @@ def test_every_front_ends_try_later_503_carries_retry_after(server: RunningServe
     from runtime.grpc.generated import ts_inference_pb2, ts_inference_pb2_grpc
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(post, server, "bounded", body(30, timeout=5_000_000))
+        held = pool.submit(post, server, "bounded", body(30, timeout=10_000_000))  # outlasts a busy machine
         server.wait_for_log("model bounded holds a request")
         for path, doc in (
             ("/predictions/bounded", {"data": [0]}),
