@@ -203,7 +203,7 @@ class DataPlane:
                     f"The request to model {name!r} timed out: it took longer than its timeout of "
                     f"{limit:g}s, and its work was cancelled"
                 ) from None
-            error = sort_error(name, exc)
+            error = self._shown(sort_error(name, exc))
             if error is exc:
                 raise
             raise error from exc
@@ -211,6 +211,14 @@ class DataPlane:
             self._unary.discard(task)
             self._cut.discard(task)
         return finish_response(response, request, entry)
+
+    def _shown(self, error: ServerError) -> ServerError:
+        """``error`` as a client may see it: a model's failure names files relative to the model
+        repository (what a model raised may hold absolute paths), as load errors do."""
+        if isinstance(error, ModelFailed):
+            error.message = relative_paths(error.message, self.settings.model_repository_root)
+            error.args = (error.message,)
+        return error
 
     def cut_unary(self) -> int:
         """Cancel the unary requests still running (the shutdown grace period is over): each one's
@@ -297,13 +305,17 @@ class DataPlane:
         try:
             async with aclosing(session.run(in_band)) as items:
                 async for item in items:
+                    if isinstance(item, StreamError):
+                        self._shown(item.error)
                     if observed is not None:
                         observed.event()
                         ended = not in_band and isinstance(item, StreamError)
                     yield item
             ended = True
-        except Exception:
+        except Exception as exc:
             ended = True
+            if isinstance(exc, ServerError):
+                self._shown(exc)
             raise
         finally:
             self.streams.closed()

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
@@ -45,6 +46,20 @@ class Model(MLModel):
         return True
 """
 
+MISSING_AT_INFERENCE = """
+from runtime.model import MLModel
+
+
+class Model(MLModel):
+    async def predict(self, payload):
+        open(self.settings.folder / "table.bin", "rb")
+
+    async def predict_stream(self, payloads):
+        async for payload in payloads:
+            open(self.settings.folder / "table.bin", "rb")
+            yield payload
+"""
+
 
 def _model(folder: Path, implementation: str, code: dict[str, str] | None = None) -> None:
     folder.mkdir(parents=True)
@@ -70,6 +85,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     absolute = "." + ".".join((outside / "evil").parts[1:]) + ".Model"
     _model(repo / "absolute", absolute)
     _model(repo / "weights", "model.Model", {"model.py": MISSING_WEIGHTS})
+    _model(repo / "lookup", "model.Model", {"model.py": MISSING_AT_INFERENCE})
     (repo / "badjson").mkdir()
     (repo / "badjson" / "model-settings.json").write_text("{not json")
     return repo
@@ -120,3 +136,30 @@ def test_error_bodies_name_files_relative_to_the_repository(server: RunningServe
     unreadable = httpx.post(f"{server.http_url}/v2/repository/models/badjson/load", timeout=30)
     assert unreadable.status_code >= 400 and "badjson/model-settings.json" in unreadable.json()["error"]
     assert str(repository) not in unreadable.text
+
+
+def test_a_model_failing_at_inference_names_files_relative_to_the_repository(
+    server: RunningServer, repository: Path
+) -> None:
+    from runtime.grpc.generated import dataplane_pb2 as pb
+
+    from .grpc_support import inference_stub
+
+    answer = _infer(server, "lookup")
+    assert answer.status_code == 500 and "lookup/table.bin" in answer.json()["error"]
+    assert str(repository) not in answer.text
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]}
+    with httpx.stream(
+        "POST", f"{server.http_url}/v2/models/lookup/infer_stream", json=body, timeout=30
+    ) as sse:
+        text = sse.read().decode()
+    assert "lookup/table.bin" in text and str(repository) not in text
+    request = pb.ModelInferRequest(model_name="lookup", id="r1")
+    request.inputs.add(name="x", datatype="INT64", shape=[1]).contents.int64_contents.append(1)
+    with inference_stub(server.grpc_address) as stub:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=30)
+        assert "lookup/table.bin" in caught.value.details() and str(repository) not in caught.value.details()
+        replies = list(stub.ModelStreamInfer(iter([request]), timeout=30))
+    error = replies[0].parameters["error"].string_param
+    assert "lookup/table.bin" in error and str(repository) not in error

@@ -26,6 +26,7 @@ response of look-ahead.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Iterator
@@ -38,10 +39,11 @@ from ..dataplane import DataPlane
 from ..errors import ServerError
 from ..fairness import LoopTurns
 from ..streams.client_streams import Reply, Routed
+from ..streams.stream_counter import cut_error
 from ..types import InferenceResponse
 from .converters import request_from_proto, response_to_proto
 from .generated import dataplane_pb2 as pb
-from .status_codes import code_of
+from .status_codes import code_of, trailers_of
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +188,27 @@ def stream_handler(dataplane: DataPlane, stream_format: str) -> Any:
     serve = serve_triton_stream if stream_format == "triton" else serve_mlserver_stream
 
     async def ModelStreamInfer(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await serve(dataplane, context)
+        task = asyncio.current_task()
+        assert task is not None
+        cut: list[bool] = []
+
+        def end_now() -> None:  # the grace period is over: the stream ends before gRPC drops it
+            cut.append(True)
+            task.cancel()
+
+        forget = dataplane.streams.on_cut(end_now)
+        try:
+            await serve(dataplane, context)
+        except asyncio.CancelledError:
+            if not cut:
+                raise
+            task.uncancel()
+            logger.warning(
+                "A gRPC stream was still running when the grace period ended: it ends with UNAVAILABLE"
+            )
+            error = cut_error()
+            await context.abort(code_of(error), error.message, trailers_of(error))
+        finally:
+            forget()
 
     return ModelStreamInfer

@@ -40,7 +40,7 @@ from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelNotFound, ServerError
 from ..rest.app import read_body
 from ..rest.disconnect import cancel_on_disconnect
-from ..rest.status import status_of
+from ..rest.status import headers_of, status_of
 from ..tensors import output_array
 from ..torchserve.frontend import FrontEnd
 from ..torchserve.payload import read_answers
@@ -56,8 +56,10 @@ def _json(document: Any, status: int = 200) -> Response:
     )
 
 
-def _error(message: str, status: int) -> Response:
-    return _json({"error": message}, status)
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    response = _json({"error": message}, status)
+    response.headers.update(headers or {})
+    return response
 
 
 def _datatype(array: np.ndarray) -> Datatype:
@@ -231,7 +233,9 @@ class KServeV1:
             return _error(f"Model with name {name} does not exist.", 404)
         except ServerError as exc:
             status = getattr(exc, "status", None)  # a handler's own code (runtime.torchserve.handler)
-            return _error(exc.message, status if isinstance(status, int) else status_of(exc))
+            if isinstance(status, int):
+                return _error(exc.message, status)
+            return _error(exc.message, status_of(exc), headers_of(exc))
         extra = response.parameters.model_extra if response.parameters is not None else None
         if extra and "batch_id" in extra:
             batch = uuid.uuid5(_BATCHES, f"{name}:{response.model_version}:{extra['batch_id']}")

@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from ..errors import ServerError, ShuttingDown
-from ..streams.stream_counter import StreamCounter
+from ..errors import ServerError
+from ..streams.stream_counter import StreamCounter, cut_error
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,9 @@ def error_event(exc: BaseException) -> bytes:
     return encode_event({"event": "error", "data": orjson.dumps(data)})
 
 
-def _cut_error() -> ShuttingDown:
-    return ShuttingDown("The server is shutting down: the stream was cut at the end of the grace period")
-
-
 def _cut_event() -> bytes:
     logger.warning("A stream was still running when the grace period ended: it ends with an error event")
-    return error_event(_cut_error())
+    return error_event(cut_error())
 
 
 class _End:
@@ -126,7 +122,7 @@ async def first_or_disconnect(
     await _abandon(first, items)
     if cut.done() and not left:
         logger.warning("A stream was still waiting for its first item when the grace period ended")
-        raise _cut_error()
+        raise cut_error()
     return None
 
 

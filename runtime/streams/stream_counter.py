@@ -10,6 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from ..errors import ShuttingDown
+
+
+def cut_error() -> ShuttingDown:
+    """What a stream still running when the grace period ends is told, on every transport."""
+    return ShuttingDown("The server is shutting down: the stream was cut at the end of the grace period")
+
 
 class StreamCounter:
     """How many streams are running now; ``wait_idle`` returns once none is (tests, draining, gauges).

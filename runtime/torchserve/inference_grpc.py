@@ -30,6 +30,7 @@ from google.rpc import status_pb2
 from ..dataplane import DataPlane
 from ..errors import ModelNotFound, ServerError
 from ..grpc.generated import ts_inference_pb2 as pb
+from ..grpc.status_codes import trailers_of
 from ..management import Management, ManagementKey
 from ..settings import ModelSettings
 from ..types import InferenceRequest
@@ -41,12 +42,13 @@ SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 SEQUENCE_KEYS = ("ts_request_sequence_start", "ts_request_sequence_end")
 
 
-def error_status(error: ServerError, model: str) -> tuple[grpc.StatusCode, str]:
-    """The code and message TorchServe aborts a call with."""
+def error_status(error: ServerError, model: str) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The code, message and trailing metadata TorchServe aborts a call with (``retry-after`` for
+    a "try later" error, as on the OIP services)."""
     status, _, message = describe(error, model)
     if isinstance(error, ModelNotFound):
-        return grpc.StatusCode.INTERNAL, message  # as TorchServe answers (observed)
-    return grpc_code(status), message
+        return grpc.StatusCode.INTERNAL, message, ()  # as TorchServe answers (observed)
+    return grpc_code(status), message, trailers_of(error) if status == 503 else ()
 
 
 def in_stream_error(message: str, kind: str = "InternalServerException") -> Any:

@@ -31,6 +31,7 @@ from ..errors import ServerError
 from ..rest.app import _Asgi, read_body
 from ..rest.disconnect import cancel_on_disconnect
 from ..rest.sequence import sequence_headers
+from ..rest.status import headers_of
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .error_body import describe
@@ -51,9 +52,10 @@ def pretty(document: Any) -> bytes:
     return (json.dumps(document, indent=2) + "\n").encode()
 
 
-async def send_json(send: Send, document: Any, status: int) -> None:
+async def send_json(send: Send, document: Any, status: int, extra: dict[str, str] | None = None) -> None:
     body = pretty(document)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers + NO_CACHE})
     await send({"type": "http.response.body", "body": body})
 
@@ -61,7 +63,8 @@ async def send_json(send: Send, document: Any, status: int) -> None:
 async def send_error(send: Send, error: ServerError, model: str) -> int:
     """Send TorchServe's error body for ``error``; return its status."""
     code, kind, message = describe(error, model)
-    await send_json(send, {"code": code, "type": kind, "message": message}, code)
+    extra = headers_of(error) if code == 503 else None  # Retry-After for a "try later" error
+    await send_json(send, {"code": code, "type": kind, "message": message}, code, extra)
     return code
 
 

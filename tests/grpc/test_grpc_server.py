@@ -120,6 +120,23 @@ def test_calls_past_the_grace_period_are_cancelled() -> None:
         assert server.process.wait(timeout=60) == 0
 
 
+def test_a_stream_past_the_grace_period_gets_unavailable_saying_why_and_one_log_line() -> None:
+    with running("--shutdown-grace-period", "0.2") as server:
+        with inference_stub(server.grpc_address) as stub, ThreadPoolExecutor(1) as pool:
+            stream = pool.submit(lambda: list(stub.ModelStreamInfer(iter([held_request("long", 60_000)]))))
+            wait_for_log(server, "mirror holds request long")
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError) as info:
+                stream.result(timeout=60)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (info.value.details() or "")
+            assert ("retry-after", "1") in tuple(info.value.trailing_metadata() or ())
+        assert server.process.wait(timeout=60) == 0
+    log = "\n".join(server.log)
+    assert log.count("gRPC stream was still running when the grace period ended") == 1
+    assert "Traceback" not in log
+
+
 def test_health_watch_ends_when_the_server_drains() -> None:
     """An open Watch must not hold the shutdown for the whole grace period (30 s here).
 

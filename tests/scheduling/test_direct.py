@@ -142,6 +142,32 @@ def test_max_queue_size_bounds_the_requests_in_a_model_without_batching(server: 
     assert post(server, "bounded", body(0.01)).status_code == 200
 
 
+def test_every_front_ends_try_later_503_carries_retry_after(server: RunningServer) -> None:
+    """TorchServe's REST and gRPC inference APIs and KServe V1 say "try later" as OIP does."""
+    from runtime.grpc.generated import ts_inference_pb2, ts_inference_pb2_grpc
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(post, server, "bounded", body(30, timeout=10_000_000))  # outlasts a busy machine
+        server.wait_for_log("model bounded holds a request")
+        for path, doc in (
+            ("/predictions/bounded", {"data": [0]}),
+            ("/v1/models/bounded:predict", {"instances": [[0]]}),
+        ):
+            refused = httpx.post(f"{server.http_url}{path}", json=doc, timeout=30)
+            assert refused.status_code == 503, (path, refused.text)
+            assert refused.headers.get("retry-after") == "1", path
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = ts_inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Predictions(
+                    ts_inference_pb2.PredictionsRequest(model_name="bounded", input={"data": b"0"}),
+                    timeout=30,
+                )
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ("retry-after", "1") in tuple(caught.value.trailing_metadata() or ())
+        assert held.result().status_code == 503  # its own timeout ended it
+
+
 # ---------------------------------------------------------------------- blocking models
 
 
