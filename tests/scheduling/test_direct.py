@@ -147,8 +147,9 @@ def test_every_front_ends_try_later_503_carries_retry_after(server: RunningServe
     from runtime.grpc.generated import ts_inference_pb2, ts_inference_pb2_grpc
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(post, server, "bounded", body(30, timeout=10_000_000))  # outlasts a busy machine
-        server.wait_for_log("model bounded holds a request")
+        held = pool.submit(post, server, "bounded", body(31, timeout=10_000_000))  # outlasts a busy machine
+        # 31 s: this request's line, not the one an earlier test on this server left
+        server.wait_for_log("model bounded holds a request for 31")
         for path, doc in (
             ("/predictions/bounded", {"data": [0]}),
             ("/v1/models/bounded:predict", {"instances": [[0]]}),
