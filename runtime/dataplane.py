@@ -81,17 +81,31 @@ class DataPlane:
 
     def ready(self) -> bool:
         """Whether the server takes traffic: see ``Settings.strict_readiness`` and the README's Health."""
-        if not self.started or self.draining:
-            return False
+        return self.not_ready_because() is None
+
+    def not_ready_because(self) -> str | None:
+        """Why the server is not ready, in words (None when it is)."""
+        if not self.started:
+            return "it is starting"
+        if self.draining:
+            return "it is shutting down"
         if not self.settings.strict_readiness:
-            return True
+            return None
         entries = self.registry.entries()
         if not entries and self.settings.load_models_at_startup:
-            return False  # nothing to serve: an empty repository, or every model unloaded
-        if self.unreadable or not all(entry.ready for entry in entries):
-            return False
-        loaded = {(entry.name, entry.version) for entry in entries}
-        return self.expected <= loaded
+            return "no model is loaded"  # an empty repository, or every model unloaded
+        if self.unreadable:
+            return f"the settings of {', '.join(sorted(self.unreadable))} could not be read"
+        for entry in entries:
+            if not entry.ready:
+                name = f"{entry.name} {entry.version}" if entry.version else entry.name
+                reason = f": {entry.reason}" if entry.reason else ""
+                return f"model {name!r} is {entry.state.value}{reason}"
+        missing = self.expected - {(entry.name, entry.version) for entry in entries}
+        if missing:
+            names = ", ".join(sorted(f"{n} {v}" if v else n for n, v in missing))
+            return f"model(s) asked for at startup are not loaded: {names}"
+        return None
 
     def expect(self, models: list[ModelSettings], unreadable: list[str]) -> None:
         """Record the models asked for at startup (and the folders whose settings could not be read)."""
@@ -219,6 +233,10 @@ class DataPlane:
             error.message = relative_paths(error.message, self.settings.model_repository_root)
             error.args = (error.message,)
         return error
+
+    def in_flight(self) -> int:
+        """Requests and streams being served now (over every transport)."""
+        return len(self._unary) + self.streams.active
 
     def cut_unary(self) -> int:
         """Cancel the unary requests still running (the shutdown grace period is over): each one's

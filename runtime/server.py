@@ -37,6 +37,8 @@ from .watchdog import LoopWatchdog
 logger = logging.getLogger("runtime.server")
 
 CUT_MARGIN = 1.0
+DRAIN_POLL = 0.05
+"""Seconds between looks at the work in flight while the listeners stay open during a drain."""
 """Seconds past ``shutdown_grace_period`` that REST and gRPC wait before they drop connections and
 calls: unary requests still running at the end of the grace period are cancelled first, so that
 their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
@@ -226,13 +228,11 @@ class Server:
         if self._grpc is not None:
             await self._grpc.health.refresh()
         await self.registry.hand_over()  # sequences in a shared store go on at other replicas now
-        if self.settings.drain_delay and self.dataplane.started:
-            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._hurry.wait(), self.settings.drain_delay)
+        spent = await self._drain_window()
         grace = self.settings.shutdown_grace_period
-        # one end of the grace period: streams end in band, unary requests still running get 503
-        self.dataplane.streams.cut_after(grace)
+        # one end of the grace period (what the window left of it): streams end in band, unary
+        # requests still running get 503
+        self.dataplane.streams.cut_after(grace - spent)
         forget_unary = self.dataplane.streams.on_cut(functools.partial(self._cut, grace))
         draining: list[Awaitable[None]] = []
         if self._grpc is not None:
@@ -258,6 +258,39 @@ class Server:
             await self._metrics_task
         self.observability.stop()
         logger.info("Server stopped")
+
+    async def _drain_window(self) -> float:
+        """Keep the listeners open while readiness says no, so that load balancers see the server
+        leave before its connections are refused (Triton's drain): for ``drain_delay``, then on
+        while requests or streams are in flight, at most for the grace period (new inference is
+        refused with 503 meanwhile). Return the seconds spent past ``drain_delay``: they count
+        against the grace period."""
+        if not self.dataplane.started:
+            return 0.0
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        delay = start + self.settings.drain_delay
+        limit = delay + self.settings.shutdown_grace_period
+        if self.settings.drain_delay:
+            logger.info("Not ready; closing the listeners in %gs", self.settings.drain_delay)
+        told = False
+        while not self._hurry.is_set():
+            now = loop.time()
+            busy = self.dataplane.in_flight()
+            if now >= limit or (now >= delay and not busy):
+                break
+            if now >= delay and not told:
+                told = True
+                logger.info(
+                    "Not ready; %d request(s) or stream(s) in flight: the listeners stay open until "
+                    "they end (at most %gs)",
+                    busy,
+                    limit - now,
+                )
+            wait = delay - now if now < delay else min(DRAIN_POLL, limit - now)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), wait)
+        return max(0.0, loop.time() - delay)
 
     def _cut(self, grace: float) -> None:
         cut = self.dataplane.cut_unary()
@@ -289,6 +322,9 @@ async def serve(settings: Settings) -> None:
         raise SystemExit(1) from None
     # one machine-readable line that scripts and tests wait for
     logger.info("mlserver-like ready: %s", server.endpoints())
+    because = server.dataplane.not_ready_because()
+    if because is not None:  # listening, but readiness says no (strict readiness)
+        logger.warning("Serving, but not ready: %s", because)
     await server.wait()
     logger.info("Shutting down")
     await server.stop()

@@ -141,8 +141,9 @@ class Settings(BaseSettings):
     """Seconds the server keeps accepting connections after SIGTERM/SIGINT while readiness answers
     503 (gRPC: not ready, grpc.health NOT_SERVING) and new inference is refused with 503, so that
     load balancers see it leave before connections are refused; in-flight work goes on meanwhile.
-    Then the listeners close and what is in flight gets ``shutdown_grace_period`` to finish. Set it
-    to at least the readiness probe's period (times its failure threshold) behind a load balancer."""
+    After it, the listeners stay open while requests or streams are in flight; they close once none
+    is, or when ``shutdown_grace_period`` has passed (what is still running then is cut). Set it to
+    at least the readiness probe's period (times its failure threshold) behind a load balancer."""
 
     strict_readiness: bool = True
     """Triton's strict readiness: the server is ready only when every model asked for at startup

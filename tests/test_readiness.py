@@ -59,6 +59,11 @@ def test_the_server_is_not_ready_unless_every_model_asked_for_is(tmp_path: Path,
         assert _readiness(server) == NOT_READY
         assert httpx.get(f"{server.http_url}/v2/health/live").status_code == 200
         assert _readiness(relaxed) == READY
+        # the answer and the log say why (the model that failed, or the folder that is unreadable)
+        why = httpx.get(f"{server.http_url}/v2/health/ready").json()["error"]
+        expected = "'failing'" if "failing" in models else "not-json" if models else "no model is loaded"
+        assert why.startswith("The server is not ready: ") and expected in why, why
+        server.wait_for_log("Serving, but not ready: ")
     finally:
         relaxed.stop()
         assert server.stop() == 0
@@ -121,3 +126,31 @@ def test_readiness_says_no_while_draining_and_in_flight_work_completes(tmp_path:
         assert _readiness(server) == NOT_READY
     finally:
         assert server.stop(signal.SIGINT, timeout=60) == 0  # a second signal ends the delay
+
+
+def test_without_a_drain_delay_the_listeners_stay_open_while_work_is_in_flight(tmp_path: Path) -> None:
+    """Triton's drain: readiness says no at once, and connections are still taken (refused work
+    gets 503) until what is in flight ends; then the server exits without waiting longer."""
+    repo = _folder(tmp_path, "slow")
+    server = start_server(repo, "--shutdown-grace-period", "30")
+    results: list[httpx.Response] = []
+    body = {"inputs": [{"name": "s", "shape": [1], "datatype": "FP64", "data": [3.0]}]}
+
+    def call() -> None:
+        results.append(httpx.post(f"{server.http_url}/v2/models/slow/infer", json=body, timeout=60))
+
+    thread = threading.Thread(target=call)
+    try:
+        thread.start()
+        server.wait_for_log("slow model holds a request")
+        server.process.send_signal(signal.SIGTERM)
+        server.wait_for_log("the listeners stay open until they end")
+        assert _readiness(server) == NOT_READY
+        refused = httpx.post(f"{server.http_url}/v2/models/slow/infer", json=body, timeout=30)
+        assert refused.status_code == 503 and "Retry-After" in refused.headers
+        assert "shutting down" in refused.json()["error"]
+        thread.join(60)
+        assert results and results[0].status_code == 200
+        assert server.process.wait(30) == 0  # nothing in flight any more: it goes on to exit
+    finally:
+        server.stop(timeout=30)

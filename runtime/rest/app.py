@@ -83,9 +83,10 @@ class RestApi:
         return Response(status_code=200) if self.dataplane.live() else error_response("Not live", 503)
 
     async def ready(self, request: Request) -> Response:
-        if self.dataplane.ready():
+        because = self.dataplane.not_ready_because()
+        if because is None:
             return Response(status_code=200)
-        return error_response("The server is not ready", 503)
+        return error_response(f"The server is not ready: {because}", 503)
 
     async def metadata(self, request: Request) -> Response:
         return json_response(self.dataplane.metadata().model_dump(exclude_none=True))
