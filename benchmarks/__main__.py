@@ -28,6 +28,10 @@ Rows (``--only`` picks some):
   ``import torch`` (+ 0.3 s is the target); medians of interleaved starts;
 - ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server).
 
+``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
+and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
+``--baseline``, of the other one: figures that hardly move with the machine's load.
+
 ``--baseline DIR`` adds a third side to every row: the server of another checkout of this project
 (``git worktree add /tmp/before <commit>``), on the same folders, in the same interleaved rounds,
 so that a change's before and after come from one run.
@@ -57,6 +61,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import instructions as counting  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     Result,
     Script,
@@ -126,14 +131,8 @@ def launch(folder: Path, checkout: Path, env: dict[str, str] | None = None) -> R
     """``mlserver-like start FOLDER`` of the checkout ``checkout`` on free loopback ports, once ready."""
     if checkout == ROOT:
         return start_server(folder, timeout=180, env=env)
-    command = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1"]
-    command += ["--http-port", "0", "--grpc-port", "0"]
-    if "metrics_port" in (checkout / "runtime" / "settings.py").read_text():
-        command += ["--metrics-port", "0"]  # a checkout that serves metrics, on a port of their own
-    if "management_port" in (checkout / "runtime" / "settings.py").read_text():
-        command += ["--management-port", "0"]  # and its management API, likewise
     process = subprocess.Popen(
-        command,
+        counting.server_command(checkout, folder),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
@@ -703,7 +702,16 @@ def main() -> int:
         metavar="DIR",
         help="another checkout of this project (git worktree add DIR COMMIT): its server measured beside",
     )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="instead of timing, count the instructions per REST and gRPC echo request over N requests "
+        "(callgrind), of this checkout and of --baseline's",
+    )
     args = parser.parse_args()
+    if args.instructions:
+        return instructions(args)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(args.only) - set(ROWS)
     if unknown:
@@ -750,6 +758,23 @@ def main() -> int:
     finally:
         bench.close()
     print("every target met" if met else "some targets not met")
+    return 0
+
+
+def instructions(args: argparse.Namespace) -> int:
+    """``--instructions N``: instructions per echo request (benchmarks/instructions.py), of this
+    checkout and of the baseline's, on the echo model alone."""
+    if not counting.available():
+        return 1
+    sides: dict[str, tuple[Path, list[str]]] = {"this checkout": (ROOT, [])}
+    if args.baseline:
+        sides["before"] = (Path(args.baseline).resolve(), [])
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ECHO, Path(tmp) / ECHO.name)
+        body = echo_body(args.elements)
+        counts = counting.count(sides, Path(tmp), args.instructions, body, args.clients)
+    if args.baseline:
+        counting.print_ratios(counts, "this checkout", "before")
     return 0
 
 

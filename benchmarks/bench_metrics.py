@@ -34,29 +34,23 @@ import asyncio
 import contextlib
 import math
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import instructions as counting  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     Compared,
     Result,
-    build_request,
     compare,
     echo_body,
     echo_options,
     median_ratio,
-    read_response,
     run_grpc_load,
 )
 from runtime.dataplane import DataPlane  # noqa: E402
@@ -65,7 +59,7 @@ from runtime.registry import Registry  # noqa: E402
 from runtime.rest.asgi import create_app  # noqa: E402
 from runtime.settings import ModelSettings, Settings  # noqa: E402
 from runtime.types import InferenceRequest, InferenceResponse  # noqa: E402
-from tests.servers import RunningServer, start_server  # noqa: E402
+from tests.servers import start_server  # noqa: E402
 
 
 async def added_cost(calls: int = 100_000) -> float:
@@ -147,7 +141,7 @@ async def compare_grpc(servers: dict[str, tuple[str, int]], args: argparse.Names
 
     from runtime.grpc.generated import dataplane_pb2_grpc
 
-    request = _grpc_echo(args.elements)
+    request = counting.grpc_echo(args.elements)
     channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in servers.items()}
     rounds: dict[str, list[tuple[Result, float]]] = {label: [] for label in servers}
     try:
@@ -168,111 +162,11 @@ async def compare_grpc(servers: dict[str, tuple[str, int]], args: argparse.Names
 
 def instructions(requests: int, body: bytes, connections: int) -> None:
     """Instructions per request of each server (``--instructions``), metrics on against off."""
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("--instructions needs valgrind's callgrind (valgrind, callgrind_control)")
+    if not counting.available():
         return
-    sides = {"metrics on": (), "metrics off": ("--metrics-endpoint", "")}
-    counts: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for index, (label, extra) in enumerate(sides.items()):
-            out = f"{tmp}/side{index}"
-            command = [
-                *("valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"),
-                f"--callgrind-out-file={out}.%p",
-                *(sys.executable, "-m", "runtime", "start", str(ROOT / "examples" / "models")),
-                *("--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"),
-                *("--management-port", "0", *extra),
-            ]
-            env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in both servers
-            process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env
-            )
-            server = RunningServer(process)
-            try:
-                if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
-                    raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
-                pid = str(process.pid)
-                counts[label] = {}
-                for transport in ("REST", "gRPC"):
-                    send = _rest_requests if transport == "REST" else _grpc_requests
-                    asyncio.run(send(server, 200, body, connections))  # warm-up, not counted
-                    subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True, check=True)
-                    subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
-                    asyncio.run(send(server, requests, body, connections))
-                    subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
-                    subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True, check=True)
-                    # the event loop's thread (-01) alone: grpc's poller threads wake on their own clock
-                    dumps = sorted(Path(tmp).glob(f"side{index}.{pid}.*-01"), key=_dump_number)
-                    counts[label][transport] = _total(dumps[-1]) / requests
-                    print(
-                        f"{label:>11}, {transport}: {counts[label][transport]:9.0f} instructions per request"
-                    )
-            finally:
-                server.stop(timeout=120)
-    for transport in ("REST", "gRPC"):
-        ratio = counts["metrics on"][transport] / counts["metrics off"][transport]
-        print(f"{transport}: instructions per request, metrics on / off: {ratio:.3f}")
-
-
-def _dump_number(dump: Path) -> int:
-    return int(dump.name.rsplit(".", 1)[1].split("-")[0])
-
-
-def _total(dump: Path) -> int:
-    """The instructions a callgrind dump counted (its ``totals:`` or ``summary:`` line)."""
-    total = 0
-    for line in dump.read_text().splitlines():
-        if line.startswith(("totals:", "summary:")):
-            total = max(total, int(line.split()[1]))
-    return total
-
-
-async def _rest_requests(server: RunningServer, n: int, body: bytes, connections: int) -> None:
-    """Exactly ``n`` REST echo requests over ``connections`` keep-alive connections."""
-    port = int(server.http_address.rsplit(":", 1)[1])
-    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
-    left = [n]
-
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        while left[0] > 0:
-            left[0] -= 1
-            writer.write(request)
-            status, _, _ = await read_response(reader)
-            assert status == 200, status
-        writer.close()
-
-    await asyncio.gather(*(connection() for _ in range(connections)))
-
-
-async def _grpc_requests(server: RunningServer, n: int, body: bytes, connections: int) -> None:
-    """Exactly ``n`` gRPC ModelInfer echo calls, ``connections`` in flight."""
-    import grpc
-
-    from runtime.grpc.generated import dataplane_pb2_grpc
-
-    request = _grpc_echo(len(orjson.loads(body)["inputs"][0]["data"]))
-    left = [n]
-    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
-        stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
-
-        async def caller() -> None:
-            while left[0] > 0:
-                left[0] -= 1
-                await stub.ModelInfer(request)
-
-        await asyncio.gather(*(caller() for _ in range(connections)))
-
-
-def _grpc_echo(elements: int) -> Any:
-    import numpy as np
-
-    from runtime.grpc.generated import dataplane_pb2 as pb
-
-    request = pb.ModelInferRequest(model_name="echo", id="bench")
-    request.inputs.add(name="x", datatype="FP32", shape=[1, elements])
-    request.raw_input_contents.append(np.arange(elements, dtype=np.float32).tobytes())
-    return request
+    sides = {"metrics on": (ROOT, []), "metrics off": (ROOT, ["--metrics-endpoint", ""])}
+    counts = counting.count(sides, ROOT / "examples" / "models", requests, body, connections)
+    counting.print_ratios(counts, "metrics on", "metrics off")
 
 
 def main() -> None:

@@ -1,0 +1,169 @@
+"""Instructions per request, counted with valgrind's callgrind: figures that hardly move with the
+machine's load, for differences of a few percent that timings on a shared machine blur.
+
+Each side is a server (a checkout of this project and extra command-line arguments) started under
+callgrind on a model folder, with its instrumentation switched on only around the counted requests:
+N REST echo requests over keep-alive connections, then N gRPC ModelInfer echo calls, each after a
+warm-up. Only the event loop's thread is counted (grpc's poller threads wake on their own clock).
+What runs on a clock (uvicorn's tick, 10 a second per HTTP server) is inflated by callgrind's
+slowness, and two server processes differ by a percent or two (memory layout), so compare ratios of
+a few percent with care. ``PYTHONHASHSEED=0`` gives both sides the same dict layouts.
+
+Used by ``python3 -m benchmarks --instructions N [--baseline DIR]`` (this checkout against another)
+and ``python3 benchmarks/bench_metrics.py --instructions N`` (metrics on against off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.loadgen import build_request, read_response  # noqa: E402
+from tests.servers import RunningServer  # noqa: E402
+
+TRANSPORTS = ("REST", "gRPC")
+WARM_UP = 200
+
+
+def available() -> bool:
+    """Whether valgrind's callgrind can be run here (else say so and count nothing)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("counting instructions needs valgrind's callgrind (valgrind, callgrind_control)")
+        return False
+    return True
+
+
+def server_command(checkout: Path, folder: Path) -> list[str]:
+    """``mlserver-like start FOLDER`` of ``checkout`` on free loopback ports (the ports an older
+    checkout does not know are left out)."""
+    command = [sys.executable, "-m", "runtime", "start", str(folder), "--host", "127.0.0.1"]
+    command += ["--http-port", "0", "--grpc-port", "0"]
+    settings = (checkout / "runtime" / "settings.py").read_text()
+    if "metrics_port" in settings:
+        command += ["--metrics-port", "0"]  # a checkout that serves metrics, on a port of their own
+    if "management_port" in settings:
+        command += ["--management-port", "0"]  # and its management API, likewise
+    return command
+
+
+def count(
+    sides: dict[str, tuple[Path, list[str]]], folder: Path, requests: int, body: bytes, connections: int
+) -> dict[str, dict[str, float]]:
+    """Instructions per request of each side (label -> (checkout, extra arguments)), by transport;
+    printed as they come."""
+    counts: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, (label, (checkout, extra)) in enumerate(sides.items()):
+            out = f"{tmp}/side{index}"
+            command = [
+                *("valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"),
+                f"--callgrind-out-file={out}.%p",
+                *server_command(checkout, folder),
+                *extra,
+            ]
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=checkout, env=env
+            )
+            server = RunningServer(process)
+            try:
+                if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
+                    raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
+                pid = str(process.pid)
+                counts[label] = {}
+                for transport in TRANSPORTS:
+                    send = rest_requests if transport == "REST" else grpc_requests
+                    asyncio.run(send(server, WARM_UP, body, connections))  # not counted
+                    subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True, check=True)
+                    subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+                    asyncio.run(send(server, requests, body, connections))
+                    subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
+                    subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True, check=True)
+                    # the event loop's thread (-01) alone
+                    dumps = sorted(Path(tmp).glob(f"side{index}.{pid}.*-01"), key=_dump_number)
+                    counts[label][transport] = _total(dumps[-1]) / requests
+                    print(
+                        f"{label:>13}, {transport}: {counts[label][transport]:9.0f} instructions per request"
+                    )
+            finally:
+                server.stop(timeout=120)
+    return counts
+
+
+def print_ratios(counts: dict[str, dict[str, float]], first: str, second: str) -> None:
+    for transport in TRANSPORTS:
+        ratio = counts[first][transport] / counts[second][transport]
+        print(f"{transport}: instructions per request, {first} / {second}: {ratio:.3f}")
+
+
+def _dump_number(dump: Path) -> int:
+    return int(dump.name.rsplit(".", 1)[1].split("-")[0])
+
+
+def _total(dump: Path) -> int:
+    """The instructions a callgrind dump counted (its ``totals:`` or ``summary:`` line)."""
+    total = 0
+    for line in dump.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            total = max(total, int(line.split()[1]))
+    return total
+
+
+async def rest_requests(server: RunningServer, n: int, body: bytes, connections: int) -> None:
+    """Exactly ``n`` REST echo requests over ``connections`` keep-alive connections."""
+    port = int(server.http_address.rsplit(":", 1)[1])
+    request = build_request("127.0.0.1", port, "/v2/models/echo/infer", body)
+    left = [n]
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while left[0] > 0:
+            left[0] -= 1
+            writer.write(request)
+            status, _, _ = await read_response(reader)
+            assert status == 200, status
+        writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(connections)))
+
+
+async def grpc_requests(server: RunningServer, n: int, body: bytes, connections: int) -> None:
+    """Exactly ``n`` gRPC ModelInfer echo calls, ``connections`` in flight."""
+    import grpc
+
+    from runtime.grpc.generated import dataplane_pb2_grpc
+
+    request = grpc_echo(len(orjson.loads(body)["inputs"][0]["data"]))
+    left = [n]
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        async def caller() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await stub.ModelInfer(request)
+
+        await asyncio.gather(*(caller() for _ in range(connections)))
+
+
+def grpc_echo(elements: int) -> Any:
+    """A ModelInfer request for the echo model: one raw FP32 ``[1, elements]`` tensor."""
+    import numpy as np
+
+    from runtime.grpc.generated import dataplane_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="echo", id="bench")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, elements])
+    request.raw_input_contents.append(np.arange(elements, dtype=np.float32).tobytes())
+    return request
