@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 
-from runtime import errors
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.grpc.converters import (
     parameters_from_proto,
@@ -18,7 +16,6 @@ from runtime.grpc.converters import (
     set_parameters,
 )
 from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.status_codes import code_of
 from runtime.tensors import input_array, unpack_bytes
 from runtime.types import Datatype, InferenceResponse, Parameters, ResponseOutput, UInt64
 
@@ -204,23 +201,3 @@ def test_request_fields_carry_over() -> None:
     assert converted.outputs[0].parameters is not None
     assert converted.outputs[0].parameters.model_extra == {"binary_data": False}
     assert request_from_proto(pb.ModelInferRequest(model_name="m")).id is None
-
-
-@pytest.mark.parametrize(
-    ("error", "code"),
-    [
-        (errors.InvalidInput("x"), "INVALID_ARGUMENT"),
-        (errors.SequenceError("x"), "INVALID_ARGUMENT"),
-        (errors.PayloadTooLarge("x"), "RESOURCE_EXHAUSTED"),
-        (errors.ModelNotFound("m"), "NOT_FOUND"),
-        (errors.ModelNotReady("x"), "UNAVAILABLE"),
-        (errors.Overloaded("x"), "UNAVAILABLE"),
-        (errors.QueueTimeout("x"), "UNAVAILABLE"),
-        (errors.ShuttingDown("x"), "UNAVAILABLE"),
-        (errors.ModelFailed("x"), "INTERNAL"),
-        (errors.Cancelled("x"), "CANCELLED"),
-        (errors.ServerError("x"), "INTERNAL"),
-    ],
-)
-def test_every_core_error_has_a_status_code(error: errors.ServerError, code: str) -> None:
-    assert code_of(error) is getattr(grpc.StatusCode, code)

@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import ModelNotFound
 from runtime.repository import read_repository
 from runtime.torchserve.archive import ArchiveError, archive_settings, find_archives
-from runtime.torchserve.error_body import describe
 
 
 def manifest(handler: str = "h.py", **model: str) -> str:
@@ -48,11 +46,3 @@ def test_a_folder_with_model_settings_is_not_an_archive(tmp_path: Path) -> None:
     assert find_archives(tmp_path) == []
     with pytest.raises(ArchiveError):
         archive_settings(tmp_path / "missing-dir")
-
-
-def test_version_not_found_body() -> None:
-    assert describe(ModelNotFound("m", "2.0"), "m") == (
-        404,
-        "ModelVersionNotFoundException",
-        "Model version: 2.0 does not exist for model: m",
-    )
