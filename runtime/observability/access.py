@@ -86,7 +86,12 @@ def route_of(scope: dict[str, Any]) -> str:
     if route is not None:
         return route
     params: dict[str, Any] = scope.get("path_params") or {}
-    if params:
+    found = _template(scope, path, params) if params else None
+    if found is not None:
+        route = found
+    elif params:
+        # not a route of the scope's router (one inside a Mount): the path with each parameter's
+        # value named (a value that is also a literal segment of the route is named too)
         head, tail = path, ""
         for name, value in params.items():  # a {name:path} parameter holds several segments
             text = str(value)
@@ -100,6 +105,27 @@ def route_of(scope: dict[str, Any]) -> str:
     if len(_ROUTES) < _ROUTES_KEPT:
         _ROUTES[path] = route
     return route
+
+
+def _template(scope: dict[str, Any], path: str, params: dict[str, Any]) -> str | None:
+    """The path with each parameter's part replaced by its name, where the route that matched is
+    one of the scope's router's (None otherwise): the parameters' places come from the route's
+    own pattern, so a model named like a literal segment (``infer``) does not change the label."""
+    endpoint = scope.get("endpoint")
+    root = scope.get("root_path") or ""
+    relative = path[len(root) :] if root and path.startswith(root) else path
+    for candidate in getattr(scope.get("router"), "routes", ()):
+        if getattr(candidate, "endpoint", None) is not endpoint:
+            continue
+        pattern = getattr(candidate, "path_regex", None)
+        match = pattern.match(relative) if pattern is not None else None
+        if match is None or match.groupdict().keys() != params.keys():
+            continue
+        route = relative
+        for name in sorted(params, key=match.start, reverse=True):
+            route = route[: match.start(name)] + "{" + name + "}" + route[match.end(name) :]
+        return path[: len(path) - len(relative)] + route
+    return None
 
 
 def route_counter(recorder: Recorder) -> Callable[[str, str], Callable[[int, float], None]]:
