@@ -69,6 +69,12 @@ class _HeadWithBody:
         return getattr(self._transport, name)
 
 
+LINGER_IDLE = 2.0
+"""Seconds a refused connection may stay silent before it is closed (nginx's lingering_timeout is 5)."""
+LINGER_MAX = 10.0
+"""Seconds a refused connection is read and dropped at the most (nginx's lingering_time is 30)."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """HttpToolsProtocol with a header deadline and a header size limit (set by ``guarded_protocol``)."""
 
@@ -80,6 +86,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_header = True
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._linger_until = 0.0
+        """While above 0: the connection was refused and what the client still sends is read and
+        dropped until this time at the latest (see ``_refuse``)."""
 
     # ------------------------------------------------------------------ the header deadline
 
@@ -107,6 +117,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -128,6 +141,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------------ the header size limit
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_until:
+            self._lingering()  # refused: what is still coming is dropped
+            return
         if not self._reading_header:
             super().data_received(data)
             return
@@ -154,7 +170,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))
         )
         self.transport.write(head + body)
-        self.transport.close()
+        # A lingering close, as nginx's: closing now, with the rest of a large header still coming
+        # in, would make the kernel answer it with a reset, and a client that is still sending
+        # would see the reset instead of this answer. So the answer goes out with the end of this
+        # side's stream, and what the client still sends is read and dropped until it closes, is
+        # silent for LINGER_IDLE seconds, or LINGER_MAX seconds have passed (the client's end of its
+        # stream closes the transport, as uvicorn's ``eof_received`` leaves it to).
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._linger_until = self.loop.time() + LINGER_MAX
+        self._lingering()
+
+    def _lingering(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+        delay = min(LINGER_IDLE, self._linger_until - self.loop.time())
+        self._linger = self.loop.call_later(max(delay, 0.0), self.transport.close)
 
 
 def guarded_protocol(header_timeout: float, header_limit: int) -> type[GuardedHttpToolsProtocol]:
