@@ -42,7 +42,7 @@ from ..rest.app import read_body
 from ..rest.disconnect import cancel_on_disconnect
 from ..rest.status import headers_of, status_of
 from ..tensors import output_array
-from ..torchserve.frontend import FrontEnd
+from ..torchserve.frontend import FrontEnd, is_handler
 from ..torchserve.payload import read_answers
 from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
@@ -209,8 +209,7 @@ class KServeV1:
     async def _serve(self, request: Request, explain: bool) -> Response:
         name = request.path_params["model_name"]
         try:
-            self.dataplane.check_model(name)
-            handler = self.front.is_handler(name)
+            handler = is_handler(self.dataplane.check_model(name).settings)
             if explain and not handler:
                 return _error(
                     f"Model {name} has no explainer: explanations need a TorchServe handler model", 501

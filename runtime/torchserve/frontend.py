@@ -74,10 +74,6 @@ class FrontEnd:
             apply_transport_fields(request, fields)
         return request
 
-    def is_handler(self, name: str, version: str | None = None) -> bool:
-        """Whether the model is a TorchServe handler (from an archive or its folder)."""
-        return is_handler(self.dataplane.registry.get(name, version).settings)
-
     def instances_requests(
         self, name: str, version: str | None, instances: list[Any], headers: dict[str, str], explain: bool
     ) -> list[InferenceRequest]:
