@@ -37,18 +37,22 @@ class LoopTurns:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._grpc_seen = float("-inf")
+        self.grpc_seen = float("-inf")
+        """When (``time.monotonic()``) the last gRPC inference call started."""
         self._started = 0  # REST requests started in this iteration
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self.queue: deque[asyncio.Future[None]] = deque()
+        """The REST requests waiting for their turn (a transport reads it, with ``grpc_seen``, to
+        skip ``rest_turn`` at the cost of two attribute reads when nothing waits)."""
+        self._waiting = self.queue
         self._next_scheduled = False
 
     def grpc_call(self) -> None:
         """A gRPC inference call (or stream message) starts: REST takes turns for a while."""
-        self._grpc_seen = time.monotonic()
+        self.grpc_seen = time.monotonic()
 
     def contended(self) -> bool:
         """Whether REST should take turns now (fairness on, and gRPC served recently)."""
-        return self.enabled and time.monotonic() - self._grpc_seen < GRPC_ACTIVE_WINDOW
+        return self.enabled and time.monotonic() - self.grpc_seen < GRPC_ACTIVE_WINDOW
 
     async def rest_turn(self) -> None:
         """Return when this REST request may start: at once unless REST is taking turns."""

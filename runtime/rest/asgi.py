@@ -86,7 +86,11 @@ class RestApp(Starlette):
             if method == "POST" and path.startswith(_PREFIX) and path.endswith(_SUFFIX):
                 parts = path[len(_PREFIX) : -len(_SUFFIX)].split("/")
                 if len(parts) == 1 and parts[0]:
-                    self._routed(scope, self._endpoint, {"model_name": parts[0]})
+                    scope["app"] = self  # what Starlette's router would have set: see _routed
+                    if "router" not in scope:
+                        scope["router"] = self.router
+                    scope["endpoint"] = self._endpoint
+                    scope["path_params"] = {"model_name": parts[0]}
                     await self._infer(scope, receive, send, self._infer_count)
                     return
                 if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:

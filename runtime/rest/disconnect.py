@@ -8,8 +8,12 @@ it into ``Cancelled`` (499, which nobody reads). A cancellation that the watcher
 (the server stopping) propagates unchanged.
 
 Most requests are answered in well under ``WATCH_AFTER``: the watcher task is created only for
-those still waiting then (queued in a batch or a sequence, or a slow model), so the common path
-pays one timer instead of a task. A disconnect is noticed at most ``WATCH_AFTER`` late.
+those still waiting then (queued in a batch or a sequence, or a slow model). The requests waiting
+are noted in a dict of the event loop's :class:`_Ticker`, whose one timer, armed while any request
+waits, goes off every ``WATCH_AFTER / 2`` seconds and starts the watchers of the requests it saw
+at its previous tick: a request pays a dict entry, not a timer of its own (a timer handle, a heap
+push and a cancellation). A watcher starts between ``WATCH_AFTER / 2`` and ``WATCH_AFTER`` after its
+request began to wait, so a disconnect is noticed at most ``WATCH_AFTER`` late.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from starlette.requests import Request
+from starlette.types import Receive
 
 from ..errors import Cancelled
 
@@ -28,36 +33,69 @@ WATCH_AFTER = 0.005  # seconds
 
 
 class _Watcher:
-    __slots__ = ("fired", "request", "task", "watching")
+    __slots__ = ("fired", "receive", "task", "watching")
 
-    def __init__(self, request: Request, task: asyncio.Task[object]) -> None:
-        self.request = request
+    def __init__(self, receive: Receive, task: asyncio.Task[object]) -> None:
+        self.receive = receive
         self.task = task
         self.fired = False
         self.watching: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self.watching = asyncio.ensure_future(self.watch())
-
-    def stop(self) -> None:
-        if self.watching is not None:
-            self.watching.cancel()
-
     async def watch(self) -> None:
         while True:
-            message = await self.request.receive()
+            message = await self.receive()
             if message["type"] == "http.disconnect":
                 self.fired = True
                 self.task.cancel()
                 return
 
 
-async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise ``Cancelled``."""
+class _Ticker:
+    """The requests of one event loop waiting for their work, and the one timer that starts the
+    watchers of those that wait long (see the module docstring)."""
+
+    __slots__ = ("handle", "loop", "waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: dict[_Watcher, bool] = {}
+        """Each waiting request's watcher, not started yet: whether a tick has seen it."""
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.handle = self.loop.call_later(WATCH_AFTER / 2, self.tick)
+
+    def tick(self) -> None:
+        self.handle = None
+        waiting = self.waiting
+        for watcher, seen in list(waiting.items()):
+            if seen:  # waiting since the previous tick at least
+                del waiting[watcher]
+                watcher.watching = asyncio.ensure_future(watcher.watch())
+            else:
+                waiting[watcher] = True
+        if waiting:
+            self.arm()
+
+
+_ticker: _Ticker | None = None
+
+
+async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client of ``request`` (or of the ASGI ``receive`` callable)
+    disconnects first, cancel it and raise ``Cancelled``."""
+    global _ticker
     task = asyncio.current_task()
     assert task is not None
-    watcher = _Watcher(request, task)
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, watcher.start)
+    watcher = _Watcher(request.receive if isinstance(request, Request) else request, task)
+    ticker = _ticker
+    loop = asyncio.get_running_loop()
+    if ticker is None or ticker.loop is not loop:
+        ticker = _ticker = _Ticker(loop)
+    waiting = ticker.waiting
+    waiting[watcher] = False
+    if ticker.handle is None:
+        ticker.arm()
     try:
         return await work
     except asyncio.CancelledError:
@@ -68,5 +106,5 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
             uncancel()
         raise Cancelled("The client disconnected before the answer was ready") from None
     finally:
-        timer.cancel()
-        watcher.stop()
+        if waiting.pop(watcher, None) is None and watcher.watching is not None:
+            watcher.watching.cancel()

@@ -62,3 +62,49 @@ async def test_a_cancellation_the_client_did_not_cause_goes_on_unchanged() -> No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_only_work_still_waiting_after_the_first_ticks_gets_a_watcher_and_the_timer_stops() -> None:
+    from runtime.rest import disconnect
+
+    receives: list[int] = []
+
+    async def receive() -> Message:
+        receives.append(1)
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def quick() -> str:
+        return "quick"
+
+    assert await cancel_on_disconnect(receive, quick()) == "quick"
+    await asyncio.sleep(disconnect.WATCH_AFTER * 2)
+    assert receives == []  # answered before any tick: never watched
+    ticker = disconnect._ticker
+    assert ticker is not None and not ticker.waiting and ticker.handle is None  # nothing waits: no timer
+
+    async def slow() -> str:
+        await asyncio.sleep(disconnect.WATCH_AFTER * 3)
+        return "slow"
+
+    assert await cancel_on_disconnect(receive, slow()) == "slow"
+    assert receives == [1]  # watched once it had waited WATCH_AFTER at the most
+    await asyncio.sleep(disconnect.WATCH_AFTER * 2)
+    assert not ticker.waiting and ticker.handle is None
+
+
+async def test_a_receive_callable_is_watched_as_a_request_is() -> None:
+    disconnect = asyncio.Event()
+
+    async def receive() -> Message:
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def work() -> None:
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(cancel_on_disconnect(receive, work()))
+    await asyncio.sleep(0.02)
+    disconnect.set()
+    with pytest.raises(Cancelled, match="client disconnected"):
+        await asyncio.wait_for(task, 5)
