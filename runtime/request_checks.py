@@ -13,12 +13,20 @@ from .errors import InvalidInput, ModelFailed
 from .ids import assign_id
 from .registry import ModelEntry
 from .tensors import dtype_of, element_count, input_array, output_array
-from .types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput, set_field
+from .types import (
+    InferenceRequest,
+    InferenceResponse,
+    MetadataTensor,
+    RequestInput,
+    ResponseOutput,
+    set_field,
+)
 
 
 def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
     """Check a request against the model and turn every input's data into a numpy array."""
-    declared = {tensor.name: tensor for tensor in entry.settings.inputs}
+    settings = entry.settings
+    declared = {tensor.name: tensor for tensor in settings.inputs} if settings.inputs else None
     seen: set[str] = set()
     for inp in request.inputs:
         if inp.name in seen:
@@ -26,7 +34,11 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
         seen.add(inp.name)
         if declared:
             _check_declared(inp, declared, entry.name)
-        set_field(inp, "data", input_array(inp))
+        if type(inp) is RequestInput:  # set_field, written out
+            inp.__dict__["data"] = input_array(inp)
+            inp.__pydantic_fields_set__.add("data")
+        else:
+            set_field(inp, "data", input_array(inp))
     if declared and entry.settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
@@ -91,16 +103,35 @@ def finish_response(
         raise ModelFailed(
             f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
         )
-    set_field(response, "model_name", entry.name)
-    if response.model_version is None:
-        set_field(response, "model_version", entry.version)
-    if request is not None:
-        if request.id is not None:
-            set_field(response, "id", request.id)
-        elif response.id is None:
-            set_field(response, "id", assign_id(request))
+    if type(response) is InferenceResponse:  # set_field, written out: the fields are plain ones
+        values, fields_set = response.__dict__, response.__pydantic_fields_set__
+        values["model_name"] = entry.name
+        fields_set.add("model_name")
+        if values["model_version"] is None:
+            values["model_version"] = entry.version
+            fields_set.add("model_version")
+        if request is not None:
+            if request.id is not None:
+                values["id"] = request.id
+                fields_set.add("id")
+            elif values["id"] is None:
+                values["id"] = assign_id(request)
+                fields_set.add("id")
+    else:
+        set_field(response, "model_name", entry.name)
+        if response.model_version is None:
+            set_field(response, "model_version", entry.version)
+        if request is not None:
+            if request.id is not None:
+                set_field(response, "id", request.id)
+            elif response.id is None:
+                set_field(response, "id", assign_id(request))
     for out in response.outputs:
-        set_field(out, "data", output_array(out))
+        if type(out) is ResponseOutput:
+            out.__dict__["data"] = output_array(out)
+            out.__pydantic_fields_set__.add("data")
+        else:
+            set_field(out, "data", output_array(out))
     if request is not None and request.outputs:
         by_name = {out.name: out for out in response.outputs}
         wanted = []

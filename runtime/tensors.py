@@ -167,9 +167,12 @@ def _as_bytes(item: Any) -> bytes:
 
 def input_array(inp: RequestInput) -> np.ndarray:
     """Check a request tensor and return its data as a numpy array of its shape."""
-    name, shape, datatype = inp.name, inp.shape, str(inp.datatype)
+    name, shape, kind = inp.name, inp.shape, inp.datatype
+    # the datatype's text: a Datatype member's value read from the member (its ``value``
+    # property and ``__str__`` are two Python calls), anything else as ``str`` makes it
+    datatype: str = kind._value_ if type(kind) is Datatype else str(kind)
     check_shape(name, shape)
-    count = element_count(shape)
+    count = math.prod(shape)
     data = inp.data
     if data is None:
         raise InvalidInput(f"Input {name!r} has no data")
@@ -264,7 +267,10 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
 
 def output_array(out: ResponseOutput) -> np.ndarray:
     """Check a model's output tensor and return its data as a numpy array of the right dtype."""
-    name, shape, datatype = out.name, out.shape, str(out.datatype)
+    name, shape, kind = out.name, out.shape, out.datatype
+    # the datatype's text: a Datatype member's value read from the member (its ``value``
+    # property and ``__str__`` are two Python calls), anything else as ``str`` makes it
+    datatype: str = kind._value_ if type(kind) is Datatype else str(kind)
     data = out.data
     try:
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -288,7 +294,7 @@ def output_array(out: ResponseOutput) -> np.ndarray:
         raise ModelFailed(
             f"Model returned output {name!r} whose data is not valid {datatype}: {exc}"
         ) from None
-    count = element_count(shape)
+    count = math.prod(shape)
     if arr.size != count:
         raise ModelFailed(
             f"Model returned output {name!r} with shape {list(shape)} ({count} elements) "

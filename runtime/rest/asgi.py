@@ -16,7 +16,7 @@ around the whole app.
 
 from __future__ import annotations
 
-import time
+from time import perf_counter
 from collections.abc import Callable
 from typing import Any
 
@@ -86,17 +86,32 @@ class RestApp(Starlette):
             if method == "POST" and path.startswith(_PREFIX) and path.endswith(_SUFFIX):
                 parts = path[len(_PREFIX) : -len(_SUFFIX)].split("/")
                 if len(parts) == 1 and parts[0]:
-                    scope["app"] = self  # what Starlette's router would have set: see _routed
+                    endpoint, params, count = self._endpoint, {"model_name": parts[0]}, self._infer_count
+                elif len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+                    endpoint, count = self._versioned_endpoint, self._versioned_count
+                    params = {"model_name": parts[0], "model_version": parts[2]}
+                else:
+                    endpoint = None
+                if endpoint is not None:  # _routed and _infer, written out: the hot path
+                    scope["app"] = self
                     if "router" not in scope:
                         scope["router"] = self.router
-                    scope["endpoint"] = self._endpoint
-                    scope["path_params"] = {"model_name": parts[0]}
-                    await self._infer(scope, receive, send, self._infer_count)
-                    return
-                if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-                    params = {"model_name": parts[0], "model_version": parts[2]}
-                    self._routed(scope, self._versioned_endpoint, params)
-                    await self._infer(scope, receive, send, self._versioned_count)
+                    scope["endpoint"] = endpoint
+                    scope["path_params"] = params
+                    began = perf_counter() if count is not None else 0.0
+                    status = 500  # what the client gets when answering fails before the response starts
+                    try:
+                        try:
+                            start, body = await self._api.answer(scope, receive)
+                        except Exception as exc:
+                            status = await self._failed(scope, receive, send, exc)
+                            return
+                        status = start["status"]
+                        await send(start)
+                        await send(body)
+                    finally:
+                        if count is not None:
+                            count(status, perf_counter() - began)
                     return
             elif method in ("POST", "PUT") and path.startswith(_TS_PREFIX):  # `curl -T` sends a PUT
                 parts = path[len(_TS_PREFIX) :].split("/")
@@ -121,7 +136,7 @@ class RestApp(Starlette):
     async def _prediction(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
         """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as
         an infer request is (a longer path, with segments for the handler, goes through the router)."""
-        began = time.perf_counter() if count is not None else 0.0
+        began = perf_counter() if count is not None else 0.0
         status: list[int] = []  # the status sent, once sent
         try:
             try:
@@ -132,23 +147,7 @@ class RestApp(Starlette):
                 status.append(await self._failed(scope, receive, send, exc))
         finally:
             if count is not None:
-                count(status[0] if status else 500, time.perf_counter() - began)
-
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
-        began = time.perf_counter() if count is not None else 0.0
-        status = 500  # what the client gets when answering fails before the response starts
-        try:
-            try:
-                start, body = await self._api.answer(scope, receive)
-            except Exception as exc:
-                status = await self._failed(scope, receive, send, exc)
-                return
-            status = start["status"]
-            await send(start)
-            await send(body)
-        finally:
-            if count is not None:
-                count(status, time.perf_counter() - began)
+                count(status[0] if status else 500, perf_counter() - began)
 
     async def _failed(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> int:
         """Answer ``exc`` as Starlette's two error middlewares would (nothing was sent yet); return

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from ..errors import InvalidInput
 from ..tensors import to_json_data, to_raw
-from ..types import InferenceRequest, InferenceResponse, Parameters
+from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -135,15 +135,19 @@ def encode_response(
     response: InferenceResponse, request: InferenceRequest | None
 ) -> tuple[bytes, dict[str, str]]:
     """The response body, and the headers that go with it (binary extension)."""
-    binary_all = bool(request and _flag(request.parameters, "binary_data_output"))
-    requested = {out.name: out.parameters for out in (request.outputs or [])} if request else {}
+    # (parameters that are None are skipped here rather than in _flag and _parameters: most
+    # requests and responses have none, and this runs for every one)
+    asked = request.parameters if request is not None else None
+    binary_all = bool(asked is not None and _flag(asked, "binary_data_output"))
+    requested = {out.name: out.parameters for out in request.outputs} if request and request.outputs else {}
     parts: list[bytes | memoryview] = []
     outputs = []
     for out in response.outputs:
-        datatype = out.datatype.value
+        kind = out.datatype
+        datatype = kind._value_ if type(kind) is Datatype else kind.value
         doc: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": out.shape}
-        params = _parameters(out.parameters)
-        own = _flag(requested.get(out.name), "binary_data")
+        params = _parameters(out.parameters) if out.parameters is not None else None
+        own = _flag(requested.get(out.name), "binary_data") if requested else None
         if own if own is not None else binary_all:
             raw = to_raw(out.data, datatype)
             params = {
@@ -161,11 +165,12 @@ def encode_response(
         document["model_version"] = response.model_version
     if response.id is not None:
         document["id"] = response.id
-    params = _parameters(response.parameters)
-    if params:
-        document["parameters"] = params
+    if response.parameters is not None:
+        params = _parameters(response.parameters)
+        if params:
+            document["parameters"] = params
     document["outputs"] = outputs
-    header = dumps(document)
+    header = orjson.dumps(document, option=JSON_OPTIONS)
     if not parts:
         return header, {}
     body = b"".join([header, *parts])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from time import monotonic
 
 from ..errors import Overloaded
 from ..model import MLModel
+from ..observability import tracing
 from ..observability.tracing import direct_span, direct_stream
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -27,14 +28,16 @@ class DirectScheduler(Scheduler):
     def __init__(self, model: MLModel, settings: ModelSettings) -> None:
         super().__init__(model, settings)
         self._inside = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle: asyncio.Future[None] | None = None
+        """What ``stop`` waits on while calls are inside (made by ``stop``: a request pays no event)."""
         self._calls = itertools.count(1)
 
     def _leave(self) -> None:
         self._inside -= 1
-        if self._inside == 0:
-            self._idle.set()
+        if self._inside == 0 and self._idle is not None:
+            if not self._idle.done():
+                self._idle.set_result(None)
+            self._idle = None
 
     def _enter(self) -> None:
         if self._inside >= self.settings.max_queue_size:
@@ -43,16 +46,17 @@ class DirectScheduler(Scheduler):
                 "try again later"
             )
         self._inside += 1
-        self._idle.clear()
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         self._enter()
-        start = time.monotonic()
+        start = monotonic()
         try:
+            if tracing._active is None:  # no span to open: no context manager around the call
+                return await self.executor.call_predict(request)
             with direct_span(self.settings.name, next(self._calls), start):
                 return await self.executor.call_predict(request)
         finally:
-            self.stats.executed(1, compute=time.monotonic() - start)
+            self.stats.executed(1, compute=monotonic() - start)
             self._leave()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
@@ -68,4 +72,9 @@ class DirectScheduler(Scheduler):
             self._leave()
 
     async def stop(self) -> None:
-        await self._idle.wait()
+        """Return once no call is inside the model."""
+        if self._inside == 0:
+            return
+        if self._idle is None:
+            self._idle = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._idle)
