@@ -16,8 +16,8 @@ around the whole app.
 
 from __future__ import annotations
 
-from time import perf_counter
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from starlette.applications import Starlette
