@@ -189,7 +189,11 @@ class DataPlane:
         name = entry.name
         prepare_request(request, entry)
         assert entry.scheduler is not None
-        limit = queue_timeout(request, entry.settings.request_timeout)
+        if request.parameters is None:  # what queue_timeout gives then, without the call
+            default = entry.settings.request_timeout
+            limit = default if default > 0 else None
+        else:
+            limit = queue_timeout(request, entry.settings.request_timeout)
         task = asyncio.current_task()
         assert task is not None
         self._unary.add(task)

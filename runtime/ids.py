@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from random import getrandbits
 
-from .types import InferenceRequest
+from .types import InferenceRequest, set_field
 
 _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_000000000000)
 
@@ -23,7 +23,9 @@ def assign_id(request: InferenceRequest) -> str:
     if request.id is None:  # new_id, written out (one call per request, not three)
         value = (getrandbits(128) & _VERSION_4[0]) | _VERSION_4[1]
         text = f"{value:032x}"
-        request.id = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+        made = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+        set_field(request, "id", made)
+        return made
     return request.id
 
 

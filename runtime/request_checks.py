@@ -99,7 +99,8 @@ def finish_response(
     response: InferenceResponse, request: InferenceRequest | None, entry: ModelEntry
 ) -> InferenceResponse:
     """Name the response after the model and request, check its outputs, keep only those asked for."""
-    if not isinstance(response, InferenceResponse):
+    # (``type(...) is`` first: pydantic's classes answer isinstance through ABCMeta, in Python)
+    if type(response) is not InferenceResponse and not isinstance(response, InferenceResponse):
         raise ModelFailed(
             f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
         )

@@ -85,6 +85,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._reading_header = True
         self._header_bytes = 0
+        self._header_deadline = 0.0
+        """When (``loop.time()``) the header being read must be whole; 0: no header is being read."""
         self._header_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._linger_until = 0.0
@@ -92,18 +94,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         dropped until this time at the latest (see ``_refuse``)."""
 
     # ------------------------------------------------------------------ the header deadline
+    #
+    # One timer per connection, not one per request: a request's start sets the deadline (and arms
+    # the timer only when none is armed), the end of its header clears the deadline, and a timer
+    # that goes off early (it was armed for an earlier request's deadline) waits for the current
+    # one. So a keep-alive connection's requests pay a clock read each, not a timer each.
 
-    def _arm_header_timer(self) -> None:
+    def _start_header(self) -> None:
+        self._header_deadline = self.loop.time() + self.header_timeout
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._header_timed_out)
+            self._header_timer = self.loop.call_at(self._header_deadline, self._header_due)
 
     def _disarm_header_timer(self) -> None:
+        self._header_deadline = 0.0
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _header_timed_out(self) -> None:
+    def _header_due(self) -> None:
         self._header_timer = None
+        deadline = self._header_deadline
+        if not deadline:  # no header is being read now
+            return
+        if deadline > self.loop.time():  # another request's header, which started later
+            self._header_timer = self.loop.call_at(deadline, self._header_due)
+            return
+        self._header_timed_out()
+
+    def _header_timed_out(self) -> None:
+        self._header_deadline = 0.0
         if self.transport.is_closing():
             return
         if self._header_bytes:
@@ -113,7 +132,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_header_timer()
+        self._start_header()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
@@ -124,11 +143,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arm_header_timer()
+        if not self._header_deadline:  # (the connection's first request is timed from its start)
+            self._start_header()
 
     def on_headers_complete(self) -> None:
         self._reading_header = False
-        self._disarm_header_timer()
+        self._header_deadline = 0.0  # the timer stays armed for the next request, if it comes soon
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:  # a cycle made just now

@@ -57,6 +57,33 @@ def _status_and_body(raw: bytes) -> tuple[int, bytes]:
     return int(head.split(b" ", 2)[1]), body
 
 
+def test_a_keep_alive_request_after_a_quick_one_has_its_own_header_deadline(server: RunningServer) -> None:
+    """The connection's one header timer, armed for the first request, waits for the second
+    request's deadline (counted from its first byte) rather than firing at the first one's."""
+    with _connect(server) as sock:
+        sock.sendall(_request())
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)  # past half of the first request's deadline (1 s from the connection's start)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        started = time.monotonic()
+        sock.sendall(b"X-Slow: 1\r\n")
+        time.sleep(0.6)  # the first deadline passes: the second request's header is still in time
+        sock.sendall(b"Host: x\r\n\r\n")
+        second = sock.recv(65536)
+        assert second.startswith(b"HTTP/1.1 200"), second
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # a third one trickles in: 408
+        try:
+            for _ in range(100):
+                sock.sendall(b"X-Slow: 1\r\n")
+                time.sleep(0.2)
+        except OSError:
+            pass
+        status, body = _status_and_body(_read_until_closed(sock))
+        assert status == 408 and "within 1 s" in json.loads(body)["error"]
+        assert time.monotonic() - started < 20
+
+
 def test_a_silent_connection_is_closed(server: RunningServer) -> None:
     with _connect(server) as sock:
         started = time.monotonic()
