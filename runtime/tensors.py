@@ -303,11 +303,14 @@ def output_array(out: ResponseOutput) -> np.ndarray:
     return arr
 
 
-def to_json_data(array: np.ndarray, datatype: str) -> Any:
+def to_json_data(array: np.ndarray, datatype: str, check_finite: bool = True) -> Any:
     """Data that orjson (with OPT_SERIALIZE_NUMPY) writes as a flat JSON list.
 
     Floats that are NaN or infinite are written ``NaN``, ``Infinity``, ``-Infinity``: a value is
-    never changed (plain JSON has no such tokens, and orjson would write null).
+    never changed (plain JSON has no such tokens, and orjson would write null). With
+    ``check_finite=False`` a float array is returned as it is, unchecked: the caller looks for
+    ``null`` in what orjson wrote and, if it finds one, asks again with the check (a finite array,
+    the usual case, then costs no pass over its values).
     """
     if datatype == "BYTES":
         out: list[str] = []
@@ -328,7 +331,7 @@ def to_json_data(array: np.ndarray, datatype: str) -> Any:
         flat = np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("="))
     # a sum is finite only when every value is (one pass, no temporary array); a finite array
     # whose sum overflows takes the careful path, which writes it unchanged
-    if flat.dtype.kind == "f" and not math.isfinite(np.add.reduce(flat)):
+    if check_finite and flat.dtype.kind == "f" and not math.isfinite(np.add.reduce(flat)):
         return _non_finite_json(flat)
     return flat
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from ..errors import InvalidInput
 from ..tensors import to_json_data, to_raw
-from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters
+from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -131,6 +131,9 @@ def _parameters(parameters: Parameters | None) -> dict[str, Any] | None:
     return data or None
 
 
+_FLOATS = frozenset({"FP16", "FP32", "FP64", "BF16"})
+
+
 def encode_response(
     response: InferenceResponse, request: InferenceRequest | None
 ) -> tuple[bytes, dict[str, str]]:
@@ -142,6 +145,7 @@ def encode_response(
     requested = {out.name: out.parameters for out in request.outputs} if request and request.outputs else {}
     parts: list[bytes | memoryview] = []
     outputs = []
+    floats: list[tuple[dict[str, Any], ResponseOutput, str]] = []  # JSON float outputs, unchecked
     for out in response.outputs:
         kind = out.datatype
         datatype = kind._value_ if type(kind) is Datatype else kind.value
@@ -155,6 +159,9 @@ def encode_response(
                 "binary_data_size": len(raw) if isinstance(raw, bytes) else raw.nbytes,
             }
             parts.append(raw)
+        elif datatype in _FLOATS:  # NaN and infinities: see below
+            doc["data"] = to_json_data(out.data, datatype, check_finite=False)
+            floats.append((doc, out, datatype))
         else:
             doc["data"] = to_json_data(out.data, datatype)
         if params:
@@ -171,6 +178,12 @@ def encode_response(
             document["parameters"] = params
     document["outputs"] = outputs
     header = orjson.dumps(document, option=JSON_OPTIONS)
+    if floats and b"null" in header:
+        # orjson writes a NaN or an infinity as null (or the null is elsewhere, in a parameter or a
+        # string): the float outputs again, checked, so that such values are written as tokens
+        for doc, out, datatype in floats:
+            doc["data"] = to_json_data(out.data, datatype)
+        header = orjson.dumps(document, option=JSON_OPTIONS)
     if not parts:
         return header, {}
     body = b"".join([header, *parts])

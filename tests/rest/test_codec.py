@@ -10,7 +10,8 @@ import pytest
 
 from runtime.errors import InvalidInput
 from runtime.rest.codec import encode_response, parse_json, parse_request, split_body
-from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
+from runtime.tensors import to_json_data
+from runtime.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
 
 
 def test_parse_json_accepts_non_finite_tokens_and_refuses_malformed_json() -> None:
@@ -133,3 +134,64 @@ def test_binary_outputs_follow_the_json_header_and_an_output_flag_overrides_the_
     assert a["parameters"] == {"binary_data_size": 8} and "data" not in a
     assert b["data"] == [7] and "parameters" not in b
     assert np.frombuffer(body[size:], dtype=np.float32).tolist() == [1.5, 2.5]
+
+
+def _checked_everywhere(response: InferenceResponse) -> bytes:
+    """What encode_response wrote before it left finite float arrays unchecked: every output's data
+    through to_json_data with its check."""
+    document = {
+        "model_name": response.model_name,
+        **({"id": response.id} if response.id is not None else {}),
+        **({"parameters": response.parameters.model_dump(exclude_none=True)} if response.parameters else {}),
+        "outputs": [
+            {
+                "name": out.name,
+                "datatype": out.datatype.value,
+                "shape": out.shape,
+                "data": to_json_data(out.data, out.datatype.value),
+            }
+            for out in response.outputs
+        ],
+    }
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "BF16"])
+@pytest.mark.parametrize(
+    "values",
+    [[1.5, -2.0], [math.nan, 1.0], [1.0, math.inf], [-math.inf, math.nan], [0.0, -0.0], []],
+)
+def test_float_outputs_are_written_as_the_checked_path_writes_them(
+    datatype: str, values: list[float]
+) -> None:
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BF16": np.float32}[datatype]
+    array = np.array(values, dtype=dtype)
+    if datatype == "BF16":
+        array = (array.view(np.uint32) >> 16).astype(np.uint16)
+    response = InferenceResponse(
+        model_name="m",
+        id="r",
+        outputs=[
+            ResponseOutput(name="f", shape=[len(values)], datatype=datatype, data=array),
+            ResponseOutput(name="s", shape=[1], datatype="BYTES", data=np.array([b"null"], dtype=object)),
+        ],
+    )
+    body, headers = encode_response(response, None)
+    assert headers == {} and body == _checked_everywhere(response)
+    if any(not math.isfinite(v) for v in values):
+        assert b"NaN" in body or b"Infinity" in body
+        assert b"[null" not in body and b",null" not in body
+
+
+def test_a_null_elsewhere_with_finite_floats_changes_nothing() -> None:
+    response = InferenceResponse(
+        model_name="m",
+        id="r",
+        parameters=Parameters(note=None, other="null"),
+        outputs=[
+            ResponseOutput(name="f", shape=[2], datatype="FP32", data=np.array([1, 2], dtype=np.float32))
+        ],
+    )
+    body, _ = encode_response(response, None)
+    assert orjson.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
+    assert body == _checked_everywhere(response)
