@@ -165,7 +165,10 @@ class RestApi:
                     sequence = []
                 sequence.append((key.decode("latin-1"), value.decode("latin-1")))
         body = await receive_body(receive, declared, self.max_request_size)
-        inference_request = self.parse_inference_request(body, header_length, name, version)
+        if header_length is None:  # a JSON body (parse_inference_request's first case, without its calls)
+            inference_request = parse_request(body, None)
+        else:
+            inference_request = self.parse_inference_request(body, header_length, name, version)
         if sequence is not None:
             apply_headers(inference_request, sequence)
         response = await cancel_on_disconnect(receive, dataplane.infer(inference_request, name, version))

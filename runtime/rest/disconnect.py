@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from types import FunctionType, MethodType
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -79,6 +80,7 @@ class _Ticker:
 
 
 _ticker: _Ticker | None = None
+_CALLABLES = (FunctionType, MethodType)
 
 
 async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -> T:
@@ -87,7 +89,12 @@ async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -
     global _ticker
     task = asyncio.current_task()
     assert task is not None
-    watcher = _Watcher(request.receive if isinstance(request, Request) else request, task)
+    receive: Receive
+    if type(request) in _CALLABLES:  # a receive callable (isinstance of Request would run ABCMeta's check)
+        receive = request  # type: ignore[assignment]
+    else:
+        receive = request.receive if isinstance(request, Request) else request
+    watcher = _Watcher(receive, task)
     ticker = _ticker
     loop = asyncio.get_running_loop()
     if ticker is None or ticker.loop is not loop:

@@ -35,9 +35,13 @@ class DirectScheduler(Scheduler):
     def _leave(self) -> None:
         self._inside -= 1
         if self._inside == 0 and self._idle is not None:
-            if not self._idle.done():
-                self._idle.set_result(None)
-            self._idle = None
+            self._leave_last()
+
+    def _leave_last(self) -> None:
+        """The last call left the model: wake ``stop``."""
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        self._idle = None
 
     def _enter(self) -> None:
         if self._inside >= self.settings.max_queue_size:
@@ -48,7 +52,10 @@ class DirectScheduler(Scheduler):
         self._inside += 1
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        self._enter()
+        # _enter, _leave and stats.executed(1, compute=...), written out: this runs per request
+        if self._inside >= self.settings.max_queue_size:
+            self._enter()  # raises Overloaded
+        self._inside += 1
         start = monotonic()
         try:
             if tracing._active is None:  # no span to open: no context manager around the call
@@ -56,8 +63,16 @@ class DirectScheduler(Scheduler):
             with direct_span(self.settings.name, next(self._calls), start):
                 return await self.executor.call_predict(request)
         finally:
-            self.stats.executed(1, compute=monotonic() - start)
-            self._leave()
+            compute = monotonic() - start
+            stats = self.stats
+            stats.executions += 1
+            stats.inferences += 1
+            sizes = stats.batch_sizes
+            sizes[1] = sizes.get(1, 0) + 1
+            stats.compute_seconds += compute
+            self._inside -= 1
+            if self._inside == 0 and self._idle is not None:
+                self._leave_last()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         self._enter()
