@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from ..errors import InvalidInput
 from ..tensors import to_json_data, to_raw
-from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput
+from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput, set_field
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -100,7 +100,7 @@ def attach_binary(request: InferenceRequest, binary: memoryview) -> None:
             raise InvalidInput(
                 f"Input {inp.name!r} claims {size} binary bytes but only {len(binary) - offset} remain in the body"
             )
-        inp.data = binary[offset : offset + size]
+        set_field(inp, "data", binary[offset : offset + size])
         offset += size
     if offset != len(binary):
         raise InvalidInput(
@@ -111,7 +111,7 @@ def attach_binary(request: InferenceRequest, binary: memoryview) -> None:
 def _binary_size(parameters: Parameters | None, name: str) -> int | None:
     if parameters is None:
         return None
-    extra = parameters.model_extra
+    extra = parameters.__pydantic_extra__  # model_extra, without the property's Python call
     if not extra or "binary_data_size" not in extra:
         return None
     size = extra["binary_data_size"]
@@ -121,9 +121,10 @@ def _binary_size(parameters: Parameters | None, name: str) -> int | None:
 
 
 def _flag(parameters: Parameters | None, key: str) -> bool | None:
-    if parameters is None or not parameters.model_extra:
+    extra = parameters.__pydantic_extra__ if parameters is not None else None  # model_extra, as above
+    if not extra:
         return None
-    value = parameters.model_extra.get(key)
+    value = extra.get(key)
     return value if isinstance(value, bool) else None
 
 
