@@ -101,3 +101,77 @@ async def test_an_unexpected_failure_is_answered_500_and_raised(
             RuntimeError, match="boom"
         ):  # re-raised, as Starlette's ServerErrorMiddleware does
             await client.post("/v2/models/echo/infer", json=BODY)
+
+
+async def _raw(
+    app: Any, headers: list[tuple[bytes, bytes]], body: bytes
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    """One infer request for ``echo`` straight through the ASGI app, with exactly these headers."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v2/models/echo/infer",
+        "raw_path": b"/v2/models/echo/infer",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start, answer = sent
+    return start["status"], dict(start["headers"]), answer["body"]
+
+
+async def test_headers_are_read_in_one_pass_as_starlette_reads_them(inprocess: InProcess) -> None:
+    """The first of a repeated header counts (as Starlette's ``Headers.get``); the sequence
+    headers reach the request's parameters; a Content-Length over the limit is refused first."""
+    import orjson
+
+    client, _ = await _client(inprocess)
+    await client.aclose()
+    app = inprocess.app
+    document = orjson.dumps(BODY)
+    raw = b"\x00\x00\x80?\x00\x00\x00@"
+    header = orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}
+    )
+    status, headers, body = await _raw(
+        app,
+        [
+            (b"inference-header-content-length", str(len(header)).encode()),
+            (b"inference-header-content-length", b"1"),
+            (b"content-length", str(len(header) + 8).encode()),
+        ],
+        header + raw,
+    )
+    assert status == 200 and orjson.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
+    status, headers, body = await _raw(
+        app,
+        [
+            (b"ts_request_sequence_id", b"s-1"),
+            (b"ts_request_sequence_start", b"true"),
+            (b"sequence_step", b"1"),
+            (b"content-type", b"application/json"),
+        ],
+        document,
+    )
+    assert status == 200 and headers[b"content-type"] == b"application/json"
+    assert orjson.loads(body)["parameters"] == {
+        "sequence_id": "s-1",
+        "sequence_start": True,
+        "sequence_step": 1,
+    }
+    status, _, body = await _raw(app, [(b"content-length", b"999999999999")], document)
+    assert status == 413 and b"over the limit" in body
