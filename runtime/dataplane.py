@@ -186,7 +186,6 @@ class DataPlane:
         return response
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
-        name = entry.name
         prepare_request(request, entry)
         assert entry.scheduler is not None
         if request.parameters is None:  # what queue_timeout gives then, without the call
@@ -210,19 +209,19 @@ class DataPlane:
             logger.warning(
                 "Request %s for model %r cancelled: still running when the shutdown grace period ended",
                 request.id or "(no id)",
-                name,
+                entry.name,
             )
             raise ShuttingDown(
-                f"The server is shutting down: the request for model {name!r} was cancelled "
+                f"The server is shutting down: the request for model {entry.name!r} was cancelled "
                 "when the shutdown grace period ended"
             ) from None
         except Exception as exc:
             if isinstance(exc, TimeoutError) and limit is not None and deadline.expired():
                 raise RequestTimeout(
-                    f"The request to model {name!r} timed out: it took longer than its timeout of "
+                    f"The request to model {entry.name!r} timed out: it took longer than its timeout of "
                     f"{limit:g}s, and its work was cancelled"
                 ) from None
-            error = self._shown(sort_error(name, exc))
+            error = self._shown(sort_error(entry.name, exc))
             if error is exc:
                 raise
             raise error from exc

@@ -106,10 +106,11 @@ def finish_response(
         )
     if type(response) is InferenceResponse:  # set_field, written out: the fields are plain ones
         values, fields_set = response.__dict__, response.__pydantic_fields_set__
-        values["model_name"] = entry.name
+        settings = entry.settings  # (entry.name and entry.version are properties over these)
+        values["model_name"] = settings.name
         fields_set.add("model_name")
         if values["model_version"] is None:
-            values["model_version"] = entry.version
+            values["model_version"] = settings.version
             fields_set.add("model_version")
         if request is not None:
             if request.id is not None:
