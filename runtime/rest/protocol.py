@@ -142,20 +142,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        HttpToolsProtocol.on_message_begin(self)  # (no super object per request)
         if not self._header_deadline:  # (the connection's first request is timed from its start)
-            self._start_header()
+            self._header_deadline = deadline = self.loop.time() + self.header_timeout  # _start_header
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_at(deadline, self._header_due)
 
     def on_headers_complete(self) -> None:
         self._reading_header = False
         self._header_deadline = 0.0  # the timer stays armed for the next request, if it comes soon
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)  # (no super object per request)
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:  # a cycle made just now
             cycle.transport = _HeadWithBody(self.transport, cycle)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)  # (no super object per request)
         self._reading_header, self._header_bytes = True, 0
 
     # ------------------------------------------------------------------ the header size limit
@@ -165,12 +167,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._lingering()  # refused: what is still coming is dropped
             return
         if not self._reading_header:
-            super().data_received(data)
+            HttpToolsProtocol.data_received(self, data)
             return
         allowed = self.header_limit - self._header_bytes
         if len(data) <= allowed:
             self._header_bytes += len(data)
-            super().data_received(data)
+            HttpToolsProtocol.data_received(self, data)
             return
         # feed what the limit allows: if the header ends within it, the rest is body (or the next request)
         self._header_bytes = self.header_limit
