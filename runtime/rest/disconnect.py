@@ -42,6 +42,9 @@ class _Watcher:
     def stop(self) -> None:
         if self.watching is not None:
             self.watching.cancel()
+            # the task ends holding its CancelledError, whose traceback holds this watcher: without
+            # this, watcher -> task -> error -> frame -> watcher is a cycle per request for the GC
+            self.watching = None
 
     async def watch(self) -> None:
         while True:

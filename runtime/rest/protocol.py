@@ -52,6 +52,7 @@ class _HeadWithBody:
         elif self._state == 0 and self._cycle.response_started:
             self._state = 1  # the cycle writes the head once, right after it marks the response started
             self._head = data
+            self._cycle = None  # not read again: no cycle <-> transport reference loop left to the GC
         else:
             self._transport.write(data)
 

@@ -62,3 +62,32 @@ async def test_a_cancellation_the_client_did_not_cause_goes_on_unchanged() -> No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_watcher_leaves_no_reference_cycle_for_the_collector() -> None:
+    """A request still waiting when the watcher starts (batched, queued) pays no cyclic garbage:
+    the stopped watcher task must not hold its watcher through its CancelledError's traceback."""
+    import gc
+
+    from runtime.rest.disconnect import _Watcher
+
+    async def work() -> str:
+        await asyncio.sleep(0.02)  # past the moment the watcher starts
+        return "answer"
+
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            assert await cancel_on_disconnect(_request(asyncio.Event()), work()) == "answer"
+        await asyncio.sleep(0.01)  # the watcher tasks run their cancellation
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, _Watcher)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert cyclic == []
