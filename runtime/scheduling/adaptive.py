@@ -143,8 +143,10 @@ class AdaptiveScheduler(Scheduler):
             alone=alone,
         )
         size = self._queue.put(caller, timeout)
-        if size == 1 or size >= self.max_batch_size:
-            self._wake()  # a new group (a new deadline) or a full one
+        if (size == 1 or size >= self.max_batch_size) and len(self._running) < self.max_concurrent_batches:
+            # a new group (a new deadline) or a full one; while every batch slot is taken the
+            # former sleeps until a batch ends (it looks at every group then): no use waking it
+            self._wake()
         return await wait_for_response(self._queue, caller)
 
     def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
