@@ -139,7 +139,16 @@ class SequenceScheduler(Scheduler):
         control = parse_control(request.parameters)
         if control is None:
             return await self.serve_stateless(request)
-        return await self.submit(request, control).future
+        if self._stopping:
+            raise ShuttingDown(f"Model {self.settings.name!r} is unloading")
+        pending = self.engine.admit(request, control)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # what submit's done callback does, here in the caller (no callback per request)
+            if pending.future.cancelled():
+                self.engine.cancel(pending)
+            raise
 
     async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse:
         if self.stateless is None:
@@ -276,8 +285,11 @@ class SequenceScheduler(Scheduler):
                 engine.cancel(pending)
             seq.running = None
             pending.running = False
-            # a kept (or failed, so unchanged) state is the store's; an ending step's is its own
-            await engine.finished(seq, ended=ended, state=step.state if good and ended else STORED)
+            if not ended and seq.pending_end is None:
+                engine.goes_on(seq)  # what finished does then, without a coroutine per step
+            else:
+                # a kept (or failed, so unchanged) state is the store's; an ending step's is its own
+                await engine.finished(seq, ended=ended, state=step.state if good and ended else STORED)
         await engine.end_evicted(evicted)
         self._quiet.set()
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import SequenceError
 from ..ids import new_secret_id
-from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
+from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra, set_field
 
 ID = "sequence_id"
 START = "sequence_start"
@@ -154,9 +154,11 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
     """
     if not fields:
         return
-    if request.parameters is None:
-        request.parameters = Parameters()
-    extra = _extra(request.parameters)
+    parameters = request.parameters
+    if parameters is None:
+        parameters = Parameters()
+        set_field(request, "parameters", parameters)
+    extra = _extra(parameters)
     for name, value in fields.items():
         if name not in FIELDS:
             raise ValueError(f"{name!r} is not a sequence field")
@@ -165,7 +167,7 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         elif name != ID:
             value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
-            set_extra(request.parameters, name, value)
+            set_extra(parameters, name, value)
             continue
         if name == ID:
             same = str(_id(extra[name])) == str(_id(value))
@@ -216,7 +218,13 @@ def mark_response(
     """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``;
     with replicas sharing the states, name the ``replica`` that served the step (``sequence_replica``)."""
     if response.parameters is None:
-        response.parameters = Parameters()
+        values: dict[str, Any] = {"sequence_id": control.echo}
+        if replica is not None:
+            values["sequence_replica"] = replica
+        if ended:
+            values["sequence_end"] = True
+        set_field(response, "parameters", Parameters(**values))
+        return
     set_extra(response.parameters, "sequence_id", control.echo)
     if replica is not None:
         set_extra(response.parameters, "sequence_replica", replica)
