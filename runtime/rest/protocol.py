@@ -121,7 +121,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # gone before its response was complete
+            notify = getattr(cycle, "on_disconnect", None)
+            if notify is not None:
+                notify()  # rest.disconnect: cancel the request's work now, no watcher task needed
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -134,6 +139,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:  # a cycle made just now
             cycle.transport = _HeadWithBody(self.transport, cycle)  # type: ignore[assignment]
+            cycle.on_disconnect = None  # type: ignore[attr-defined]  # set by rest.disconnect while the work runs
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
