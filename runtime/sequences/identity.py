@@ -116,7 +116,8 @@ def _id(value: Any) -> SequenceId | None:
         return value or None
     if value == "":
         return None
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    # a code point takes at most 4 bytes in UTF-8 (a lone surrogate 3): a short id needs no encoding
+    if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise SequenceError(f"sequence_id must be at most {MAX_ID_BYTES} bytes, got {len(value.encode())}")
     if not value.isprintable():
         raise SequenceError(f"sequence_id must be printable text, got {value!r}")
@@ -129,9 +130,15 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     if ID not in extra and START not in extra and END not in extra:
         return None
     given = _id(extra.get(ID))
-    start = _flag(extra.get(START), START)
-    end = _flag(extra.get(END), END)
-    step = _step(extra.get(STEP))
+    start = extra.get(START)
+    if start is not True:  # the common cases without a call: absent, or a boolean
+        start = start is not None and start is not False and _flag(start, START)
+    end = extra.get(END)
+    if end is not True:
+        end = end is not None and end is not False and _flag(end, END)
+    step = extra.get(STEP)
+    if step is not None:
+        step = _step(step)
     if step is not None and start and step != 1:
         raise SequenceError(
             f"A request with sequence_start=true is step 1 of its sequence, not {STEP}={step}"
