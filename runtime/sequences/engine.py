@@ -225,9 +225,12 @@ class SequenceEngine:
         the others are answered here and their sequences go on (see the module docstring)."""
         runs: list[tuple[Pending, Any]] = []
         for pending in batch:
-            if self._answered_from_steps(pending, pending.sequence.step, pending.sequence.answer):
+            if pending.control.step is not None and self._answered_from_steps(
+                pending, pending.sequence.step, pending.sequence.answer
+            ):
                 continue
-            await self.opening(pending)
+            if pending.control.start and pending.sequence.live:  # else opening has nothing to do
+                await self.opening(pending)
             runs.append((pending, None))
         keys = [p.control.key for p, _ in runs if not p.control.start]
         loaded = iter(await self.store.load(keys)) if keys else iter(())
