@@ -7,8 +7,12 @@ batcher drops the queued request and cancels its sequence, as Triton does), and 
 it into ``Cancelled`` (499, which nobody reads). A cancellation that the watcher did not cause
 (the server stopping) propagates unchanged.
 
-Most requests are answered in well under ``WATCH_AFTER``: the watcher task is created only for
-those still waiting then (queued in a batch or a sequence, or a slow model). The requests waiting
+Served by the server's own protocol (``protocol.GuardedHttpToolsProtocol``), no watcher is needed:
+the request's uvicorn cycle has an ``on_disconnect`` slot that the protocol calls when the
+connection is lost before the response is complete, and the handler's task is cancelled from
+there, at once. Under any other server (a test client, another ASGI server), most requests are
+answered in well under ``WATCH_AFTER``: the watcher task is created only for those still waiting
+then (queued in a batch or a sequence, or a slow model). The requests waiting
 are noted in a dict of the event loop's :class:`_Ticker`, whose one timer, armed while any request
 waits, goes off every ``WATCH_AFTER / 2`` seconds and starts the watchers of the requests it saw
 at its previous tick: a request pays a dict entry, not a timer of its own (a timer handle, a heap
@@ -21,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from types import FunctionType, MethodType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.types import Receive
@@ -46,9 +50,22 @@ class _Watcher:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.fired = True
-                self.task.cancel()
+                self.fire()
                 return
+
+    def fire(self) -> None:
+        """The client went away: cancel the handler's task."""
+        self.fired = True
+        self.task.cancel()
+
+
+def _hooked_cycle(receive: Receive) -> Any:
+    """The uvicorn cycle behind ``receive`` when the server's protocol calls its ``on_disconnect``
+    (its ``receive`` reached the app unwrapped), and its client is still there; else None."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is None or not hasattr(cycle, "on_disconnect") or getattr(cycle, "disconnected", True):
+        return None
+    return cycle
 
 
 class _Ticker:
@@ -95,6 +112,18 @@ async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -
     else:
         receive = request.receive if isinstance(request, Request) else request
     watcher = _Watcher(receive, task)
+    cycle = _hooked_cycle(receive)
+    if cycle is not None:
+        cycle.on_disconnect = watcher.fire
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not watcher.fired:
+                raise
+            _uncancel(task)
+            raise Cancelled("The client disconnected before the answer was ready") from None
+        finally:
+            cycle.on_disconnect = None
     ticker = _ticker
     loop = asyncio.get_running_loop()
     if ticker is None or ticker.loop is not loop:
@@ -108,10 +137,17 @@ async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -
     except asyncio.CancelledError:
         if not watcher.fired:
             raise
-        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancellation is handled
-        if uncancel is not None:
-            uncancel()
+        _uncancel(task)
         raise Cancelled("The client disconnected before the answer was ready") from None
     finally:
         if waiting.pop(watcher, None) is None and watcher.watching is not None:
             watcher.watching.cancel()
+            # the task ends holding its CancelledError, whose traceback holds this watcher: without
+            # this, watcher -> task -> error -> frame -> watcher is a cycle per request for the GC
+            watcher.watching = None
+
+
+def _uncancel(task: asyncio.Task[Any]) -> None:
+    uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this cancellation is handled
+    if uncancel is not None:
+        uncancel()

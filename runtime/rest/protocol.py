@@ -52,6 +52,7 @@ class _HeadWithBody:
         elif self._state == 0 and self._cycle.response_started:
             self._state = 1  # the cycle writes the head once, right after it marks the response started
             self._head = data
+            self._cycle = None  # not read again: no cycle <-> transport reference loop left to the GC
         else:
             self._transport.write(data)
 
@@ -139,7 +140,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # gone before its response was complete
+            notify = getattr(cycle, "on_disconnect", None)
+            if notify is not None:
+                notify()  # rest.disconnect: cancel the request's work now, no watcher task needed
 
     def on_message_begin(self) -> None:
         HttpToolsProtocol.on_message_begin(self)  # (no super object per request)
@@ -155,6 +161,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:  # a cycle made just now
             cycle.transport = _HeadWithBody(self.transport, cycle)  # type: ignore[assignment]
+            cycle.on_disconnect = None  # type: ignore[attr-defined]  # set by rest.disconnect while the work runs
 
     def on_message_complete(self) -> None:
         HttpToolsProtocol.on_message_complete(self)  # (no super object per request)

@@ -52,6 +52,7 @@ from ..model import MLModel
 from ..observability.tracing import batch_span, direct_stream
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse, Parameters
+from . import collector
 from .batching import batch_shape, merge, split
 from .queueing import Waiter, WaitQueue, queue_timeout, reject, resolve, wait_for_response
 from .scheduler import Scheduler
@@ -80,6 +81,7 @@ class AdaptiveScheduler(Scheduler):
         self._waker: asyncio.Future[None] | None = None
         self._closing = False
         self._batch_ids = itertools.count(1)
+        self._holds_collector = False
 
     @property
     def name(self) -> str:
@@ -110,6 +112,9 @@ class AdaptiveScheduler(Scheduler):
     async def start(self) -> None:
         self._former = asyncio.create_task(self._form_batches(), name=f"batches of {self.name}")
         self._former.add_done_callback(self._former_done)
+        if not self._holds_collector:
+            self._holds_collector = True
+            collector.hold()
 
     def _former_done(self, task: asyncio.Task[None]) -> None:
         if not self._closing:  # it ended by itself: a bug; refuse work rather than queue it forever
@@ -122,8 +127,13 @@ class AdaptiveScheduler(Scheduler):
         those running, then end."""
         self._closing = True
         self._wake()
-        if self._former is not None:
-            await self._former
+        try:
+            if self._former is not None:
+                await self._former
+        finally:
+            if self._holds_collector:
+                self._holds_collector = False
+                collector.release()
 
     # ------------------------------------------------------------------ callers
 
@@ -143,8 +153,10 @@ class AdaptiveScheduler(Scheduler):
             alone=alone,
         )
         size = self._queue.put(caller, timeout)
-        if size == 1 or size >= self.max_batch_size:
-            self._wake()  # a new group (a new deadline) or a full one
+        if (size == 1 or size >= self.max_batch_size) and len(self._running) < self.max_concurrent_batches:
+            # a new group (a new deadline) or a full one; while every batch slot is taken the
+            # former sleeps until a batch ends (it looks at every group then): no use waking it
+            self._wake()
         return await wait_for_response(self._queue, caller)
 
     def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+from pydantic import BaseModel
 
 from ..errors import ModelFailed
 from ..tensors import input_array, output_array
 from ..types import (
+    Datatype,
     InferenceRequest,
     InferenceResponse,
     Parameters,
@@ -93,13 +95,15 @@ def batch_shape(request: InferenceRequest) -> BatchShape:
         inputs.append((inp.name, inp.datatype, tuple(inp.shape[1:]), _key_of(params) if params else ()))
     if rows < 0:
         return BatchShape(None, 1)
-    inputs.sort(key=_first)
+    if len(inputs) > 1:
+        inputs.sort(key=_first)
     outputs: list[tuple[Any, ...]] = []
     for out in request.outputs or ():
         params = model_parameters(out.parameters, CALLER_OUTPUT_PARAMETERS)
         if params:
             outputs.append((out.name, _key_of(params)))
-    outputs.sort(key=_first)
+    if len(outputs) > 1:
+        outputs.sort(key=_first)
     request_params = model_parameters(request.parameters, CALLER_REQUEST_PARAMETERS)
     key = (tuple(inputs), tuple(outputs), _key_of(request_params) if request_params else ())
     return BatchShape(key, rows)
@@ -161,6 +165,7 @@ def split(
     """Cut a batch's response into one response per request, ``rows[i]`` rows each.
 
     ``extra[i]`` holds response parameters to add to the i-th response (batch id and size).
+    Each piece's outputs are views of the batch's arrays (no copy).
     """
     if not isinstance(response, InferenceResponse):
         raise ModelFailed(f"Model {model!r} returned a {type(response).__name__}, not an InferenceResponse")
@@ -176,26 +181,95 @@ def split(
             )
         arrays.append(array.reshape(out.shape))
     common = response.parameters.model_dump(exclude_none=True) if response.parameters else {}
+    # the pieces are made from values of the batch's response, already of their fields' types:
+    # built as validation would build them, without validating each piece again (see _built)
+    plain = (
+        type(response) is InferenceResponse
+        and type(response.model_name) is str
+        and (response.model_version is None or type(response.model_version) is str)
+    )
+    outs = [(out, arrays[i], plain and _plain_output(out)) for i, out in enumerate(response.outputs)]
     pieces: list[InferenceResponse] = []
     start = 0
     for count, params in zip(rows, extra, strict=True):
-        outputs = [
-            ResponseOutput(
-                name=out.name,
-                shape=[count, *out.shape[1:]],
-                datatype=out.datatype,
-                parameters=out.parameters.model_copy() if out.parameters else None,
-                data=array[start : start + count],
+        end = start + count
+        outputs = [_output(out, [count, *out.shape[1:]], array[start:end], fast) for out, array, fast in outs]
+        values = {**common, **params}
+        parameters = _parameters(values)
+        if plain:
+            pieces.append(
+                _built(
+                    InferenceResponse,
+                    {
+                        "model_name": response.model_name,
+                        "model_version": response.model_version,
+                        "id": None,
+                        "parameters": parameters,
+                        "outputs": outputs,
+                    },
+                    _RESPONSE_SET,
+                )
             )
-            for out, array in zip(response.outputs, arrays, strict=True)
-        ]
-        pieces.append(
-            InferenceResponse(
-                model_name=response.model_name,
-                model_version=response.model_version,
-                parameters=Parameters(**{**common, **params}),
-                outputs=outputs,
+        else:
+            pieces.append(
+                InferenceResponse(
+                    model_name=response.model_name,
+                    model_version=response.model_version,
+                    parameters=parameters,
+                    outputs=outputs,
+                )
             )
-        )
-        start += count
+        start = end
     return pieces
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_RESPONSE_SET = frozenset({"model_name", "model_version", "parameters", "outputs"})
+_OUTPUT_SET = frozenset({"name", "shape", "datatype", "parameters", "data"})
+_PARAMETER_FIELDS = frozenset(Parameters.model_fields)
+_set = object.__setattr__
+
+
+def _built(cls: type[_M], values: dict[str, Any], fields_set: frozenset[str]) -> _M:
+    """An instance of ``cls`` holding ``values`` (every field, each already of its field's type)
+    and ``fields_set`` as set: what validating the same values gives, without the validation
+    (what pydantic's ``model_construct`` does, less its handling of defaults)."""
+    built = cls.__new__(cls)
+    _set(built, "__dict__", values)
+    _set(built, "__pydantic_fields_set__", set(fields_set))
+    _set(built, "__pydantic_extra__", None)
+    _set(built, "__pydantic_private__", None)
+    return built
+
+
+def _plain_output(out: ResponseOutput) -> bool:
+    """Whether ``out``'s name and datatype are of their fields' types (a model may have assigned
+    others after building it: those pieces are validated, which converts them, as before)."""
+    return type(out) is ResponseOutput and type(out.name) is str and type(out.datatype) is Datatype
+
+
+def _output(out: ResponseOutput, shape: list[int], data: Any, fast: bool) -> ResponseOutput:
+    parameters = out.parameters.model_copy() if out.parameters else None
+    if fast:
+        values = {
+            "name": out.name,
+            "shape": shape,
+            "datatype": out.datatype,
+            "parameters": parameters,
+            "data": data,
+        }
+        return _built(ResponseOutput, values, _OUTPUT_SET)
+    return ResponseOutput(name=out.name, shape=shape, datatype=out.datatype, parameters=parameters, data=data)
+
+
+def _parameters(values: dict[str, Any]) -> Parameters:
+    """``Parameters(**values)``; without validation when every name is an extra one (pydantic
+    keeps extras as given)."""
+    if not _PARAMETER_FIELDS.isdisjoint(values):
+        return Parameters(**values)
+    built = Parameters.__new__(Parameters)
+    _set(built, "__dict__", {"content_type": None, "headers": None})
+    _set(built, "__pydantic_fields_set__", set(values))
+    _set(built, "__pydantic_extra__", values)
+    _set(built, "__pydantic_private__", None)
+    return built

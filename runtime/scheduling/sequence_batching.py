@@ -42,6 +42,7 @@ from ..sequences.sequence_model import SequenceModel, SequenceStep
 from ..sequences.store import StateStore
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+from . import collector
 from .batch_strategy import OneInFlight
 from .executor import Executor
 from .scheduler import RequestFailed, Scheduler
@@ -88,6 +89,7 @@ class SequenceScheduler(Scheduler):
         self.batches = 0
         self.steps = 0
         self.largest_batch = 0
+        self._holds_collector = False
 
     @property
     def sequences(self) -> Sequences:
@@ -108,6 +110,9 @@ class SequenceScheduler(Scheduler):
         if self.stateless is not None:
             await self.stateless.start()
         self._worker = asyncio.create_task(self._work(), name=f"sequence-batcher:{self.settings.name}")
+        if not self._holds_collector:
+            self._holds_collector = True
+            collector.hold()
 
     async def stop(self) -> None:
         """Refuse new requests, run the accepted ones, then end every open sequence (reason ``unload``)."""
@@ -120,9 +125,14 @@ class SequenceScheduler(Scheduler):
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
-        await self.engine.stop()
-        if self.stateless is not None:
-            await self.stateless.stop()
+        try:
+            await self.engine.stop()
+            if self.stateless is not None:
+                await self.stateless.stop()
+        finally:
+            if self._holds_collector:
+                self._holds_collector = False
+                collector.release()
 
     def _lost(self, keys: list[str], why: str) -> None:
         """The worker that held these sequences died: they end (reason ``worker_lost``)."""
@@ -139,7 +149,16 @@ class SequenceScheduler(Scheduler):
         control = parse_control(request.parameters)
         if control is None:
             return await self.serve_stateless(request)
-        return await self.submit(request, control).future
+        if self._stopping:
+            raise ShuttingDown(f"Model {self.settings.name!r} is unloading")
+        pending = self.engine.admit(request, control)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # what submit's done callback does, here in the caller (no callback per request)
+            if pending.future.cancelled():
+                self.engine.cancel(pending)
+            raise
 
     async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse:
         if self.stateless is None:
@@ -276,8 +295,11 @@ class SequenceScheduler(Scheduler):
                 engine.cancel(pending)
             seq.running = None
             pending.running = False
-            # a kept (or failed, so unchanged) state is the store's; an ending step's is its own
-            await engine.finished(seq, ended=ended, state=step.state if good and ended else STORED)
+            if not ended and seq.pending_end is None:
+                engine.goes_on(seq)  # what finished does then, without a coroutine per step
+            else:
+                # a kept (or failed, so unchanged) state is the store's; an ending step's is its own
+                await engine.finished(seq, ended=ended, state=step.state if good and ended else STORED)
         await engine.end_evicted(evicted)
         self._quiet.set()
 

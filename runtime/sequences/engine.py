@@ -225,9 +225,12 @@ class SequenceEngine:
         the others are answered here and their sequences go on (see the module docstring)."""
         runs: list[tuple[Pending, Any]] = []
         for pending in batch:
-            if self._answered_from_steps(pending, pending.sequence.step, pending.sequence.answer):
+            if pending.control.step is not None and self._answered_from_steps(
+                pending, pending.sequence.step, pending.sequence.answer
+            ):
                 continue
-            await self.opening(pending)
+            if pending.control.start and pending.sequence.live:  # else opening has nothing to do
+                await self.opening(pending)
             runs.append((pending, None))
         keys = [p.control.key for p, _ in runs if not p.control.start]
         loaded = iter(await self.store.load(keys)) if keys else iter(())
@@ -323,10 +326,15 @@ class SequenceEngine:
         else:
             if keep:
                 await self.end_evicted(await self.store.save([(seq.key, state)]))
-            if seq.queue:
-                self.strategy.ready(seq)
-            elif self.idle_s and seq.live and self.current(seq):
-                self._start_idle(seq)
+            self.goes_on(seq)
+
+    def goes_on(self, seq: Sequence) -> None:
+        """``finished`` for a sequence that neither ended nor waits to end (``pending_end`` None),
+        whose state is where it belongs: its next request may run, or its idle time starts."""
+        if seq.queue:
+            self.strategy.ready(seq)
+        elif self.idle_s and seq.live and self.current(seq):
+            self._start_idle(seq)
 
     def released(self, seq: Sequence) -> None:
         """Like ``finished`` without awaiting (after an unexpected failure): endings become notices."""
@@ -336,7 +344,7 @@ class SequenceEngine:
             self.end_soon(seq, seq.pending_end)
         elif seq.queue:
             self.strategy.ready(seq)
-        elif self.idle_s and seq.live and seq.idle_timer is None:
+        elif self.idle_s and seq.live and seq.idle_since is None:
             self._start_idle(seq)
 
     async def end_evicted(self, evicted: list[tuple[str, Any]]) -> None:
@@ -418,11 +426,21 @@ class SequenceEngine:
             self.strategy.ready(seq)
 
     def _start_idle(self, seq: Sequence) -> None:
-        seq.idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self._on_idle, seq)
+        loop = asyncio.get_running_loop()
+        seq.idle_since = loop.time()
+        if seq.idle_timer is None:  # else the timer of an earlier spell arms itself again when it fires
+            seq.idle_timer = loop.call_later(self.idle_s, self._on_idle, seq)
 
     def _on_idle(self, seq: Sequence) -> None:
         """Idle time counts only while the sequence has nothing queued and nothing running."""
         seq.idle_timer = None
+        if seq.idle_since is None:
+            return  # not idle now: the next spell arms its own timer
+        loop = asyncio.get_running_loop()
+        left = seq.idle_since + self.idle_s - loop.time()
+        if left > 0:  # a later spell than the one this timer was armed for
+            seq.idle_timer = loop.call_later(left, self._on_idle, seq)
+            return
         if self.current(seq) and not self.strategy.busy(seq) and not seq.queue:
             self.end_soon(seq, "idle")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import SequenceError
 from ..ids import new_secret_id
-from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
+from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra, set_field
 
 ID = "sequence_id"
 START = "sequence_start"
@@ -116,7 +116,8 @@ def _id(value: Any) -> SequenceId | None:
         return value or None
     if value == "":
         return None
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    # a code point takes at most 4 bytes in UTF-8 (a lone surrogate 3): a short id needs no encoding
+    if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise SequenceError(f"sequence_id must be at most {MAX_ID_BYTES} bytes, got {len(value.encode())}")
     if not value.isprintable():
         raise SequenceError(f"sequence_id must be printable text, got {value!r}")
@@ -129,9 +130,15 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     if ID not in extra and START not in extra and END not in extra:
         return None
     given = _id(extra.get(ID))
-    start = _flag(extra.get(START), START)
-    end = _flag(extra.get(END), END)
-    step = _step(extra.get(STEP))
+    start = extra.get(START)
+    if start is not True:  # the common cases without a call: absent, or a boolean
+        start = start is not None and start is not False and _flag(start, START)
+    end = extra.get(END)
+    if end is not True:
+        end = end is not None and end is not False and _flag(end, END)
+    step = extra.get(STEP)
+    if step is not None:
+        step = _step(step)
     if step is not None and start and step != 1:
         raise SequenceError(
             f"A request with sequence_start=true is step 1 of its sequence, not {STEP}={step}"
@@ -154,9 +161,11 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
     """
     if not fields:
         return
-    if request.parameters is None:
-        request.parameters = Parameters()
-    extra = _extra(request.parameters)
+    parameters = request.parameters
+    if parameters is None:
+        parameters = Parameters()
+        set_field(request, "parameters", parameters)
+    extra = _extra(parameters)
     for name, value in fields.items():
         if name not in FIELDS:
             raise ValueError(f"{name!r} is not a sequence field")
@@ -165,7 +174,7 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         elif name != ID:
             value = _text_flag(value, name)
         if name not in extra or extra[name] is None:
-            set_extra(request.parameters, name, value)
+            set_extra(parameters, name, value)
             continue
         if name == ID:
             same = str(_id(extra[name])) == str(_id(value))
@@ -216,7 +225,13 @@ def mark_response(
     """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``;
     with replicas sharing the states, name the ``replica`` that served the step (``sequence_replica``)."""
     if response.parameters is None:
-        response.parameters = Parameters()
+        values: dict[str, Any] = {"sequence_id": control.echo}
+        if replica is not None:
+            values["sequence_replica"] = replica
+        if ended:
+            values["sequence_end"] = True
+        set_field(response, "parameters", Parameters(**values))
+        return
     set_extra(response.parameters, "sequence_id", control.echo)
     if replica is not None:
         set_extra(response.parameters, "sequence_replica", replica)

@@ -71,6 +71,10 @@ class Sequence:
     pending_end: EndReason | None = None
     """A reason to end the sequence once its accepted requests have run (timeout, cancel)."""
     idle_timer: asyncio.TimerHandle | None = None
+    """Armed while idle time counts, or since an earlier idle spell (it then arms itself again for
+    what is left of this one: a step starts and stops the idle time without a timer of its own)."""
+    idle_since: float | None = None
+    """When the current idle spell began (``loop.time()``); None while the sequence is not idle."""
     life_timer: asyncio.TimerHandle | None = None
     in_ready: bool = False
     step: int = 0
@@ -83,11 +87,11 @@ class Sequence:
             if timer is not None:
                 timer.cancel()
         self.idle_timer = self.life_timer = None
+        self.idle_since = None
 
     def stop_idle(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        """Idle time stops counting (a timer still armed finds nothing to do, or a later spell)."""
+        self.idle_since = None
 
 
 def ended_message(echo: Any, reason: EndReason) -> str:

@@ -51,3 +51,30 @@ def test_a_held_head_goes_out_before_the_connection_closes() -> None:
     wrapped.write(b"HEAD")
     wrapped.close()
     assert transport.calls == [("write", b"HEAD"), ("close", None)]
+
+
+def test_the_held_head_lets_go_of_the_cycle() -> None:
+    """The cycle refers to its transport (this wrapper): once the head is held the wrapper drops
+    the cycle, so the two are freed by reference counting, not left to the cyclic collector."""
+    import gc
+    import weakref
+
+    class Owner(Cycle):
+        pass
+
+    transport, cycle = Transport(), Owner()
+    wrapped = _HeadWithBody(transport, cycle)  # type: ignore[arg-type]
+    cycle.transport = wrapped  # type: ignore[attr-defined]
+    cycle.response_started = True
+    wrapped.write(b"HEAD")
+    wrapped.write(b"BODY")
+    assert transport.calls == [("writelines", [b"HEAD", b"BODY"])]
+    gone = weakref.ref(cycle)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del cycle, wrapped
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()

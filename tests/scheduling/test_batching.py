@@ -10,7 +10,7 @@ import pytest
 
 from runtime.errors import ModelFailed
 from runtime.scheduling.batching import batch_shape, merge, split
-from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput
 
 
 def _request(rows: int, *, parameters: dict[str, Any] | None = None, **extra: Any) -> InferenceRequest:
@@ -119,3 +119,102 @@ def test_split_refuses_an_answer_of_the_wrong_rows_or_kind() -> None:
         split(short, [1, 2], "m", [{}, {}])
     with pytest.raises(ModelFailed, match="returned a list, not an InferenceResponse"):
         split([], [1], "m", [{}])
+
+
+def _validated_split(response: InferenceResponse, rows: list[int], extra: list[dict[str, Any]]) -> list[Any]:
+    """What split made before it built its pieces without validating them: every piece validated."""
+    common = response.parameters.model_dump(exclude_none=True) if response.parameters else {}
+    pieces, start = [], 0
+    for count, params in zip(rows, extra, strict=True):
+        outputs = [
+            ResponseOutput(
+                name=out.name,
+                shape=[count, *out.shape[1:]],
+                datatype=out.datatype,
+                parameters=out.parameters.model_copy() if out.parameters else None,
+                data=np.asarray(out.data).reshape(out.shape)[start : start + count],
+            )
+            for out in response.outputs
+        ]
+        pieces.append(
+            InferenceResponse(
+                model_name=response.model_name,
+                model_version=response.model_version,
+                parameters=Parameters(**{**common, **params}),
+                outputs=outputs,
+            )
+        )
+        start += count
+    return pieces
+
+
+def _response(**parameters: Any) -> InferenceResponse:
+    return InferenceResponse(
+        model_name="m",
+        model_version="2",
+        parameters=parameters or None,
+        outputs=[
+            ResponseOutput(
+                name="z", shape=[3, 2], datatype="FP32", data=np.arange(6, dtype=np.float32).reshape(3, 2)
+            ),
+            ResponseOutput(
+                name="w",
+                shape=[3],
+                datatype="INT64",
+                parameters={"content_type": "np", "kept": 1},
+                data=np.arange(3),
+            ),
+        ],
+    )
+
+
+def _same(piece: Any, reference: Any) -> None:
+    assert type(piece) is type(reference)
+    assert piece.model_fields_set == reference.model_fields_set
+    assert piece.model_extra == reference.model_extra
+    assert piece.model_dump(exclude={"outputs"}) == reference.model_dump(exclude={"outputs"})
+    assert piece.model_dump_json(exclude={"outputs"}) == reference.model_dump_json(exclude={"outputs"})
+    for out, ref in zip(piece.outputs, reference.outputs, strict=True):
+        assert type(out) is type(ref) and type(out.datatype) is type(ref.datatype)
+        assert out.model_fields_set == ref.model_fields_set
+        assert out.model_dump(exclude={"data"}) == ref.model_dump(exclude={"data"})
+        assert out.data.tolist() == ref.data.tolist()
+    if piece.parameters is not None:
+        assert piece.parameters.model_fields_set == reference.parameters.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{}, {"shared": 1}, {"content_type": "np", "shared": [1, 2]}, {"headers": {"h": "v"}}],
+)
+def test_split_builds_the_pieces_validation_would(parameters: dict[str, Any]) -> None:
+    response = _response(**parameters)
+    extra = [{"batch_id": 4, "batch_size": 2}] * 2
+    pieces = split(response, [1, 2], "m", extra)
+    for piece, reference in zip(
+        pieces, _validated_split(_response(**parameters), [1, 2], extra), strict=True
+    ):
+        _same(piece, reference)
+    # each piece owns its parameters: changing one changes no other
+    assert pieces[0].parameters is not pieces[1].parameters
+    assert pieces[0].outputs[1].parameters is not pieces[1].outputs[1].parameters
+    pieces[0].parameters.batch_id = 9  # type: ignore[union-attr]
+    assert pieces[1].parameters.batch_id == 4  # type: ignore[union-attr]
+
+
+def test_split_pieces_are_views_of_the_batch() -> None:
+    response = _response()
+    pieces = split(response, [2, 1], "m", [{}, {}])
+    assert all(np.shares_memory(piece.outputs[0].data, response.outputs[0].data) for piece in pieces)
+
+
+def test_split_validates_what_a_model_assigned_after_building_its_response() -> None:
+    """A model may assign a field a value of another type after building its response (they do not
+    validate assignments): the pieces are then validated, as every piece used to be."""
+    response, reference = _response(), _response()
+    for r in (response, reference):
+        r.outputs[0].datatype = "FP32"  # type: ignore[assignment]
+    pieces = split(response, [1, 2], "m", [{}, {}])
+    for piece, ref in zip(pieces, _validated_split(reference, [1, 2], [{}, {}]), strict=True):
+        _same(piece, ref)
+        assert piece.outputs[0].datatype is Datatype.FP32

@@ -185,6 +185,48 @@ async def test_eviction_from_the_store_ends_the_evicted_sequence() -> None:
     assert engine.stats()["states_held"] == 1
 
 
+async def test_idle_time_counts_from_the_last_step_with_one_timer_per_spell_of_the_first() -> None:
+    """A step stops the idle time and the next one starts it again without a timer of its own: the
+    timer armed for the first spell, when it fires, arms itself again for what is left of the last."""
+    told, strategy = Told(), Running()
+    engine = make(strategy, told, max_sequence_idle_ms=150)
+    a = engine.admit(request(), control("a", start=True))
+    await run(engine, strategy, a)
+    await done(engine, strategy, a, "one")
+    first = a.sequence.idle_timer
+    assert first is not None and a.sequence.idle_since is not None
+    await asyncio.sleep(0.1)
+    b = engine.admit(request(), control("a"))
+    assert a.sequence.idle_since is None  # queued: not idle
+    await run(engine, strategy, b)
+    await done(engine, strategy, b, "two")
+    assert a.sequence.idle_timer is first  # the same timer, for the first spell's end
+    await asyncio.sleep(0.1)  # 200 ms after the first step, 100 ms after the last
+    assert engine.notices == 0 and engine.get("a") is a.sequence
+    assert a.sequence.idle_timer is not None and a.sequence.idle_timer is not first  # armed again
+    await asyncio.wait_for(strategy.woken.wait(), 2)
+    assert engine.notices == 1 and engine.get("a") is None
+    await engine.deliver_notices()
+    assert told.calls == [("a", "idle", "two")]
+
+
+async def test_an_idle_timer_that_fires_while_the_sequence_runs_ends_nothing() -> None:
+    told, strategy = Told(), Running()
+    engine = make(strategy, told, max_sequence_idle_ms=20)
+    a = engine.admit(request(), control("a", start=True))
+    await run(engine, strategy, a)
+    await done(engine, strategy, a, "one")
+    b = engine.admit(request(), control("a"))
+    await run(engine, strategy, b)
+    await asyncio.sleep(0.08)  # the first spell's timer fired meanwhile
+    assert a.sequence.idle_timer is None and engine.notices == 0 and engine.get("a") is a.sequence
+    await done(engine, strategy, b, "two")
+    assert a.sequence.idle_timer is not None  # a fresh spell, a fresh timer
+    await asyncio.wait_for(strategy.woken.wait(), 2)
+    await engine.deliver_notices()
+    assert told.calls == [("a", "idle", "two")]
+
+
 async def test_idle_and_lifetime_timeouts_become_notices_the_worker_delivers() -> None:
     told, strategy = Told(), Running()
     engine = make(strategy, told, max_sequence_idle_ms=1)
