@@ -6,16 +6,20 @@ Checked in fresh interpreters, since this test session has imported everything a
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import runtime
 from runtime.cli import main
+from runtime.server import LOADING_GC_THRESHOLD, Server, fewer_collections
+from runtime.settings import ModelSettings, Settings
 
 from .conftest import EXAMPLES, ROOT
 
@@ -133,3 +137,57 @@ def test_main_gives_the_collector_back_as_it_found_it(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_fewer_collections_raises_the_first_threshold_and_puts_it_back() -> None:
+    before = gc.get_threshold()
+    with fewer_collections():
+        assert gc.get_threshold() == (LOADING_GC_THRESHOLD, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("a load failed")
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("first", [0, LOADING_GC_THRESHOLD * 2])
+def test_fewer_collections_keeps_a_threshold_of_0_or_a_higher_one(first: int) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(first, *before[1:])
+    try:
+        with fewer_collections():
+            assert gc.get_threshold()[0] == first
+        assert gc.get_threshold()[0] == first
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_the_models_load_at_start_with_fewer_collections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[int, int, int]] = []
+    load_models = Server.load_models
+
+    async def recording(self: Server, models: list[ModelSettings] | None = None) -> None:
+        seen.append(gc.get_threshold())
+        await load_models(self, models)
+
+    monkeypatch.setattr(Server, "load_models", recording)
+    before = gc.get_threshold()
+
+    async def start_and_stop() -> None:
+        server = Server(
+            Settings(
+                model_repository_root=str(tmp_path),
+                http_port=0,
+                grpc_port=0,
+                metrics_port=0,
+                management_port=0,
+                management_key_file=str(tmp_path / "key"),
+            )
+        )
+        await server.start()
+        assert gc.get_threshold() == before
+        await server.stop()
+
+    asyncio.run(start_and_stop())
+    assert seen == [(LOADING_GC_THRESHOLD, *before[1:])]
