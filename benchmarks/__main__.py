@@ -31,6 +31,8 @@ Rows (``--only`` picks some):
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
 ``--baseline``, of the other one: figures that hardly move with the machine's load.
+``--start-instructions [FOLDER]`` counts likewise the instructions of a server from its start to its
+ready line (every thread; the echo model unless FOLDER is given): the start-up rows' steady figure.
 
 ``--baseline DIR`` adds a third side to every row: the server of another checkout of this project
 (``git worktree add /tmp/before <commit>``), on the same folders, in the same interleaved rounds,
@@ -709,9 +711,19 @@ def main() -> int:
         help="instead of timing, count the instructions per REST and gRPC echo request over N requests "
         "(callgrind), of this checkout and of --baseline's",
     )
+    parser.add_argument(
+        "--start-instructions",
+        metavar="FOLDER",
+        nargs="?",
+        const=str(ECHO),
+        help="instead of timing, count the instructions from start to ready of a server on FOLDER "
+        "(default: the echo model; callgrind, every thread), of this checkout and of --baseline's",
+    )
     args = parser.parse_args()
     if args.instructions:
         return instructions(args)
+    if args.start_instructions:
+        return start_instructions(args)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(args.only) - set(ROWS)
     if unknown:
@@ -775,6 +787,19 @@ def instructions(args: argparse.Namespace) -> int:
         counts = counting.count(sides, Path(tmp), args.instructions, body, args.clients)
     if args.baseline:
         counting.print_ratios(counts, "this checkout", "before")
+    return 0
+
+
+def start_instructions(args: argparse.Namespace) -> int:
+    """``--start-instructions [FOLDER]``: instructions from start to ready (benchmarks/instructions.py)."""
+    if not counting.available():
+        return 1
+    sides = {"this checkout": ROOT}
+    if args.baseline:
+        sides["before"] = Path(args.baseline).resolve()
+    counts = counting.to_ready(sides, Path(args.start_instructions).resolve())
+    if args.baseline:
+        print(f"this checkout / before: {counts['this checkout'] / counts['before']:.3f}")
     return 0
 
 

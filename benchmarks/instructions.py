@@ -101,6 +101,35 @@ def count(
     return counts
 
 
+def to_ready(sides: dict[str, Path], folder: Path) -> dict[str, float]:
+    """Instructions each side's server (label -> checkout) executes from its start to its ready
+    line, every thread counted (imports, settings, loading the models, the listeners); printed as
+    they come. The bytecode of each checkout is compiled first, as an installed package has it."""
+    counts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, (label, checkout) in enumerate(sides.items()):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "runtime")], check=True)
+            out = f"{tmp}/start{index}"
+            command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"]
+            command += server_command(checkout, folder)
+            env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=checkout, env=env
+            )
+            server = RunningServer(process)
+            try:
+                if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
+                    raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
+                pid = str(process.pid)
+                subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
+                dumps = sorted(Path(tmp).glob(f"start{index}.{pid}.*"), key=_dump_number)
+                counts[label] = float(_total(dumps[-1]))
+                print(f"{label:>13}: {counts[label] / 1e6:9.1f} M instructions to ready", flush=True)
+            finally:
+                server.stop(timeout=120)
+    return counts
+
+
 def print_ratios(counts: dict[str, dict[str, float]], first: str, second: str) -> None:
     for transport in TRANSPORTS:
         ratio = counts[first][transport] / counts[second][transport]

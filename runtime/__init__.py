@@ -2,15 +2,26 @@
 
 Write a model by subclassing :class:`MLModel`; describe it in a ``model-settings.json``; serve a
 folder of them with ``mlserver-like start FOLDER``.
+
+The names below are imported on first use (a module ``__getattr__``), so that ``import runtime``
+costs nothing until one is used and the command line imports what it needs in its own order.
 """
 
-from . import codecs, errors, types
-from .codecs import decode_args
-from .continuous import ContinuousModel, StepResult, Stream
-from .model import MLModel
-from .sequences import SequenceModel, SequenceStep
-from .settings import ModelParameters, ModelSettings, Settings
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__
+
+if TYPE_CHECKING:
+    from . import codecs, errors, types
+    from .codecs import decode_args
+    from .continuous import ContinuousModel, StepResult, Stream
+    from .model import MLModel
+    from .sequences import SequenceModel, SequenceStep
+    from .settings import ModelParameters, ModelSettings, Settings
 
 __all__ = [
     "ContinuousModel",
@@ -28,3 +39,32 @@ __all__ = [
     "errors",
     "types",
 ]
+
+_EXPORTS = {
+    "ContinuousModel": ".continuous",
+    "StepResult": ".continuous",
+    "Stream": ".continuous",
+    "MLModel": ".model",
+    "ModelParameters": ".settings",
+    "ModelSettings": ".settings",
+    "Settings": ".settings",
+    "SequenceModel": ".sequences",
+    "SequenceStep": ".sequences",
+    "decode_args": ".codecs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (imported from its module), or a submodule (imported), on first access."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    elif name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        value = importlib.import_module(f"{__name__}.{name}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

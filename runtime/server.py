@@ -44,6 +44,27 @@ calls: unary requests still running at the end of the grace period are cancelled
 their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
 
 
+LOADING_GC_THRESHOLD = 10_000
+"""The cyclic collector's first threshold while the models load at start-up (Python's default: 700)."""
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """While the models load at start-up, the cyclic collector runs after 10 000 net allocations
+    instead of 700 (then its thresholds are put back). Loading imports frameworks whose hundreds of
+    thousands of long-lived objects each young, middle and full collection walked again: with the
+    torch examples some 690 young, 63 middle and 5 full collections, 0.8 to 1.1 s of a 4 to 5 s start
+    (loaded machine), against 48 young and 5 middle, 0.3 to 0.4 s, at this threshold. Cyclic garbage
+    is still collected, a little later. A threshold of 0 (collector off) or above this one is kept."""
+    thresholds = gc.get_threshold()
+    if 0 < thresholds[0] < LOADING_GC_THRESHOLD:
+        gc.set_threshold(LOADING_GC_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: the Server below owns the signals and the exit."""
 
@@ -101,7 +122,8 @@ class Server:
     async def start(self, models: list[ModelSettings] | None = None) -> None:
         """Load the models (unless told not to) and start listening."""
         if self.settings.load_models_at_startup or models is not None:
-            await self.load_models(models)
+            with fewer_collections():
+                await self.load_models(models)
         self.observability.start()
         app = self.observability.wrap_rest(create_app(self.dataplane))
         self._http, self._http_task, self.http_port = await self._serve_http(app, self.settings.http_port)

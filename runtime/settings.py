@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .field_docs import documented
 from .types import MetadataTensor
 from .version import __version__
 
@@ -39,6 +40,7 @@ TORCHSERVE_PORTS = {
 """The ports ``torchserve: true`` gives the fields that were not set explicitly (TorchServe's own)."""
 
 
+@documented
 class Settings(BaseSettings):
     """Settings of the server (``settings.json``; environment prefix ``MLSERVER_``)."""
 
@@ -47,7 +49,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         protected_namespaces=(),
-        use_attribute_docstrings=True,
+        defer_build=True,  # until @documented has set the descriptions
         validate_default=True,
     )
 
@@ -247,10 +249,11 @@ class Settings(BaseSettings):
         return bool(self.metrics_endpoint)
 
 
+@documented
 class ModelParameters(BaseModel):
     """Parameters of a model version (``parameters`` in model-settings.json)."""
 
-    model_config = ConfigDict(extra="allow", protected_namespaces=(), use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), defer_build=True)
 
     uri: str | None = None
     """Where the model's artefact lies (a file or folder); relative paths are relative to the model's folder."""
@@ -271,6 +274,7 @@ class ModelParameters(BaseModel):
     """Free-form settings for the model's own code."""
 
 
+@documented
 class GenerateSettings(BaseModel):
     """How the generate extension maps text to a model's tensors (``generate`` in model-settings.json).
 
@@ -280,7 +284,7 @@ class GenerateSettings(BaseModel):
     output named ``text_output``. The defaults follow Triton's generate extension.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     text_input: str = "text_input"
     """Name of the BYTES input that receives a generate request's ``text_input``."""
@@ -289,6 +293,7 @@ class GenerateSettings(BaseModel):
     """Name of the BYTES output whose (single) element becomes the response's ``text_output``."""
 
 
+@documented
 class ModelSettings(BaseSettings):
     """Settings of one model (``model-settings.json``; environment prefix ``MLSERVER_MODEL_``)."""
 
@@ -297,7 +302,7 @@ class ModelSettings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         protected_namespaces=(),
-        use_attribute_docstrings=True,
+        defer_build=True,  # until @documented has set the descriptions
         arbitrary_types_allowed=True,
     )
 

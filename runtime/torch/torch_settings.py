@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..field_docs import documented
 from ..settings import ModelSettings
 
 Format = Literal["torchscript", "export", "state_dict"]
@@ -25,10 +26,11 @@ FloatDtype = Literal["float32", "float16", "bfloat16", "float64"]
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
+@documented
 class StopRule(BaseModel):
     """When a stream served with continuous batching ends before ``max_steps``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     output: str
     """The declared output to watch, e.g. the generated token."""
@@ -37,10 +39,11 @@ class StopRule(BaseModel):
     """The stream ends after a step in which every element of ``output`` is one of these."""
 
 
+@documented
 class TorchSettings(BaseModel):
     """The PyTorch runtime's settings: ``parameters.extra`` in model-settings.json."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     device: str = "auto"
     """Where the model runs: ``auto`` (the first CUDA device when torch sees one, else the CPU),

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -73,7 +72,11 @@ def is_archive(path: Path) -> bool:
     name = path.name.lower()
     if name.endswith(".mar"):
         return True
-    if not name.endswith((".tar.gz", ".tgz")) or not tarfile.is_tarfile(path):
+    if not name.endswith((".tar.gz", ".tgz")):
+        return False
+    import tarfile  # not at start-up: a folder rarely holds a tgz
+
+    if not tarfile.is_tarfile(path):
         return False
     with tarfile.open(path) as tf:
         members = [Path(m) for m in tf.getnames()]
@@ -105,6 +108,8 @@ def unpack(archive: Path) -> Path:
 
 
 def _extract(archive: Path, staging: Path, target: Path) -> Path:
+    import tarfile
+
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
