@@ -30,6 +30,7 @@ from .registry import Registry
 from .repository import read_repository
 from .rest import create_app
 from .rest.protocol import guarded_protocol
+from .scheduling import collector
 from .settings import ModelSettings, Settings
 from .torchserve.inference_grpc import torchserve_services
 from .watchdog import LoopWatchdog
@@ -44,25 +45,21 @@ calls: unary requests still running at the end of the grace period are cancelled
 their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
 
 
-LOADING_GC_THRESHOLD = 10_000
-"""The cyclic collector's first threshold while the models load at start-up (Python's default: 700)."""
-
-
 @contextlib.contextmanager
 def fewer_collections() -> Iterator[None]:
-    """While the models load at start-up, the cyclic collector runs after 10 000 net allocations
-    instead of 700 (then its thresholds are put back). Loading imports frameworks whose hundreds of
-    thousands of long-lived objects each young, middle and full collection walked again: with the
-    torch examples some 690 young, 63 middle and 5 full collections, 0.8 to 1.1 s of a 4 to 5 s start
-    (loaded machine), against 48 young and 5 middle, 0.3 to 0.4 s, at this threshold. Cyclic garbage
-    is still collected, a little later. A threshold of 0 (collector off) or above this one is kept."""
-    thresholds = gc.get_threshold()
-    if 0 < thresholds[0] < LOADING_GC_THRESHOLD:
-        gc.set_threshold(LOADING_GC_THRESHOLD, *thresholds[1:])
+    """While the models load at start-up, the cyclic collector's first threshold is at least
+    ``collector.YOUNG`` (10 000 net allocations instead of 700), through the same hold that a
+    running batcher takes (``runtime.scheduling.collector``), so that a batcher loaded meanwhile
+    keeps its own. Loading imports frameworks whose hundreds of thousands of long-lived objects
+    each young, middle and full collection walked again: with the torch examples some 690 young,
+    63 middle and 5 full collections, 0.8 to 1.1 s of a 4 to 5 s start (loaded machine), against
+    48 young and 5 middle, 0.3 to 0.4 s, at this threshold. Cyclic garbage is still collected, a
+    little later. A threshold of 0 (collector off) or above this one is kept."""
+    collector.hold()
     try:
         yield
     finally:
-        gc.set_threshold(*thresholds)
+        collector.release()
 
 
 class _Uvicorn(uvicorn.Server):

@@ -18,10 +18,13 @@ import pytest
 
 import runtime
 from runtime.cli import main
-from runtime.server import LOADING_GC_THRESHOLD, Server, fewer_collections
+from runtime.scheduling import collector
+from runtime.server import Server, fewer_collections
 from runtime.settings import ModelSettings, Settings
 
 from .conftest import EXAMPLES, ROOT
+
+LOADING_GC_THRESHOLD = collector.YOUNG
 
 HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette", "runtime.settings"]
 
@@ -146,6 +149,19 @@ def test_fewer_collections_raises_the_first_threshold_and_puts_it_back() -> None
     assert gc.get_threshold() == before
     with pytest.raises(RuntimeError), fewer_collections():
         raise RuntimeError("a load failed")
+    assert gc.get_threshold() == before
+
+
+def test_a_batcher_loaded_at_start_keeps_its_threshold_when_loading_ends() -> None:
+    """Loading and a running batcher share one hold on the threshold: the end of loading does not
+    put back 700 under a batcher that started meanwhile."""
+    before = gc.get_threshold()
+    with fewer_collections():
+        collector.hold()  # a batching scheduler starts with its model
+    try:
+        assert gc.get_threshold() == (collector.YOUNG, *before[1:])
+    finally:
+        collector.release()
     assert gc.get_threshold() == before
 
 
