@@ -1,0 +1,172 @@
+"""The gRPC converters' fast paths against the plain pydantic / protobuf paths they replace, on
+valid and invalid messages: the same objects (values, field order, fields set), the same errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runtime.errors import InvalidInput
+from runtime.grpc import converters
+from runtime.grpc.converters import request_from_proto
+from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.types import InferenceRequest, RequestInput, RequestOutput
+
+# ---------------------------------------------------------------------- requests
+
+
+def reference_request(msg: pb.ModelInferRequest) -> InferenceRequest:
+    """request_from_proto as it was, building the models through pydantic's validation."""
+    raw = msg.raw_input_contents
+    tensors = msg.inputs
+    if raw and len(raw) != len(tensors):
+        raise InvalidInput(
+            f"The request has {len(tensors)} inputs but {len(raw)} raw_input_contents entries; "
+            "raw contents need one entry per input, in order"
+        )
+    inputs = []
+    for index, tensor in enumerate(tensors):
+        name = tensor.name
+        datatype = converters._DATATYPES.get(tensor.datatype)
+        if datatype is None:
+            raise InvalidInput(f"Input {name!r} has unknown datatype {tensor.datatype!r}")
+        if raw:
+            if tensor.HasField("contents") and tensor.contents.ByteSize():
+                raise InvalidInput(
+                    f"Input {name!r} has typed contents in a request that uses raw_input_contents"
+                )
+            data: Any = raw[index]
+        else:
+            data = converters._typed_array(tensor, datatype.value)
+        inputs.append(
+            RequestInput(
+                name=name,
+                shape=list(tensor.shape),
+                datatype=datatype,
+                parameters=converters.parameters_from_proto(tensor.parameters, f"input {name!r}")
+                if tensor.parameters
+                else None,
+                data=data,
+            )
+        )
+    outputs = None
+    if msg.outputs:
+        outputs = [
+            RequestOutput(
+                name=out.name,
+                parameters=converters.parameters_from_proto(out.parameters, f"output {out.name!r}")
+                if out.parameters
+                else None,
+            )
+            for out in msg.outputs
+        ]
+    return InferenceRequest(
+        id=msg.id or None,
+        parameters=converters.parameters_from_proto(msg.parameters, "the request")
+        if msg.parameters
+        else None,
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def _raw(values: np.ndarray) -> bytes:
+    return values.tobytes()
+
+
+def _valid() -> list[pb.ModelInferRequest]:
+    messages = []
+    one = pb.ModelInferRequest(model_name="echo", id="a")
+    one.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    one.raw_input_contents.append(_raw(np.arange(4, dtype=np.float32)))
+    messages.append(one)
+    two = pb.ModelInferRequest(model_name="m", model_version="2")  # no id
+    two.inputs.add(name="a", datatype="INT64", shape=[2])
+    b = two.inputs.add(name="b", datatype="BYTES", shape=[1])
+    b.parameters["content_type"].string_param = "str"
+    two.raw_input_contents.extend([_raw(np.arange(2, dtype=np.int64)), b"\1\0\0\0z"])
+    two.outputs.add(name="y").parameters["binary_data"].bool_param = True
+    two.parameters["sequence_id"].uint64_param = 7
+    two.parameters["sequence_start"].bool_param = True
+    messages.append(two)
+    typed = pb.ModelInferRequest(model_name="m", id="t")
+    typed.inputs.add(name="f", datatype="FP32", shape=[3]).contents.fp32_contents.extend([1, 2.5, -3])
+    typed.inputs.add(name="i", datatype="INT8", shape=[1, 2]).contents.int_contents.extend([-5, 7])
+    typed.inputs.add(name="s", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b"p", b""])
+    typed.inputs.add(name="e", datatype="UINT16", shape=[0])
+    typed.inputs.add(name="h", datatype="FP16", shape=[0])
+    messages.append(typed)
+    empty = pb.ModelInferRequest(model_name="m")
+    messages.append(empty)
+    empty_contents = pb.ModelInferRequest(model_name="m")
+    empty_contents.inputs.add(name="x", datatype="FP32", shape=[1]).contents.SetInParent()
+    empty_contents.raw_input_contents.append(_raw(np.zeros(1, np.float32)))
+    messages.append(empty_contents)
+    return messages
+
+
+def _same(ours: Any, theirs: Any) -> None:
+    """Two pydantic models alike: type, fields in the same order, fields set, extra, private."""
+    assert type(ours) is type(theirs)
+    assert list(ours.__dict__) == list(theirs.__dict__)
+    assert ours.model_fields_set == theirs.model_fields_set
+    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__
+    assert ours.__pydantic_private__ == theirs.__pydantic_private__
+    for key, value in theirs.__dict__.items():
+        mine = ours.__dict__[key]
+        if isinstance(value, np.ndarray):
+            assert isinstance(mine, np.ndarray) and mine.dtype == value.dtype
+            assert mine.tolist() == value.tolist()
+        elif isinstance(value, list) and value and hasattr(value[0], "__dict__"):
+            assert len(mine) == len(value)
+            for a, b in zip(mine, value, strict=True):
+                _same(a, b)
+        else:
+            assert type(mine) is type(value) and mine == value
+
+
+@pytest.mark.parametrize("message", _valid(), ids=lambda m: f"{len(m.inputs)}-inputs")
+def test_requests_are_the_models_pydantic_makes(message: pb.ModelInferRequest) -> None:
+    ours, theirs = request_from_proto(message), reference_request(message)
+    _same(ours, theirs)
+    assert ours.model_dump(exclude={"inputs"}) == theirs.model_dump(exclude={"inputs"})
+    assert repr(ours.inputs[0].shape if ours.inputs else None) == repr(
+        theirs.inputs[0].shape if theirs.inputs else None
+    )
+
+
+INVALID: list[Callable[[pb.ModelInferRequest], object]] = [
+    lambda r: r.inputs.add(name="x", datatype="FP99", shape=[1]),
+    lambda r: r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.int_contents.append(1),
+    lambda r: r.inputs.add(name="x", datatype="FP16", shape=[1]).contents.fp32_contents.append(1),
+    lambda r: r.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(1000),
+    lambda r: (r.inputs.add(name="x", datatype="FP32"), r.raw_input_contents.extend([b"", b""])),
+    lambda r: (
+        r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(1),
+        r.raw_input_contents.append(b"\0" * 4),
+    ),
+    lambda r: r.parameters["p"],
+    lambda r: setattr(r.parameters["content_type"], "int64_param", 3),
+    lambda r: r.inputs.add(name="x", datatype="FP32", shape=[1]).parameters["q"],
+    lambda r: setattr(r.inputs.add(name="x", datatype="FP32").parameters["headers"], "bool_param", True),
+    lambda r: (r.inputs.add(name="x", datatype="FP32"), r.outputs.add(name="y").parameters["z"]),
+    lambda r: (  # the first error met is the one reported: the input's before the request's
+        r.inputs.add(name="x", datatype="FP99"),
+        r.parameters["p"],
+    ),
+]
+
+
+@pytest.mark.parametrize("build", INVALID)
+def test_invalid_requests_fail_with_the_same_error(build: Callable[[pb.ModelInferRequest], object]) -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    build(message)
+    with pytest.raises(InvalidInput) as theirs:
+        reference_request(message)
+    with pytest.raises(InvalidInput) as ours:
+        request_from_proto(message)
+    assert str(ours.value) == str(theirs.value)
+    assert ours.value.message == theirs.value.message
