@@ -22,7 +22,7 @@ from ..dataplane import DataPlane
 from ..settings import Settings
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
-from .servicer import InferenceServicer
+from .servicer import InferenceServicer, serialized
 from .stream_rpc import stream_handler
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString,
+            response_serializer=serialized if name == "ModelInfer" else response.SerializeToString,
         )
         for name, request, response in _UNARY
     }

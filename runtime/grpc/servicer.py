@@ -21,6 +21,7 @@ from .converters import (
     model_metadata_to_proto,
     repository_index_to_proto,
     request_from_proto,
+    response_bytes,
     response_to_proto,
     server_metadata_to_proto,
 )
@@ -68,6 +69,11 @@ def _metadata(context: Any) -> tuple[tuple[str, Any], ...]:
     return context.invocation_metadata() or ()
 
 
+def serialized(message: pb.ModelInferResponse | bytes) -> bytes:
+    """ModelInfer's response serializer: its answer is a message, or already its bytes."""
+    return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
+
+
 class InferenceServicer:
     """GRPCInferenceService's unary methods over one DataPlane (streams: ``streams.py``)."""
 
@@ -108,7 +114,11 @@ class InferenceServicer:
             inference = request_from_proto(request)
             apply_headers(inference, _metadata(context))
             response = await dataplane.infer(inference, name, version, entry)
-            message = response_to_proto(response, bool(request.raw_input_contents))
+            raw = bool(request.raw_input_contents)
+            body = response_bytes(response, raw)  # no parameters, so no trailers either
+            if body is not None:
+                return body  # type: ignore[return-value]  # serialized: see ``serialized``
+            message = response_to_proto(response, raw)
             if response.parameters is not None:  # headers and sequence fields are parameters
                 trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
                 if trailers:

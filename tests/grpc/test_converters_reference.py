@@ -1,5 +1,6 @@
 """The gRPC converters' fast paths against the plain pydantic / protobuf paths they replace, on
-valid and invalid messages: the same objects (values, field order, fields set), the same errors."""
+valid and invalid messages: the same objects (values, field order, fields set), the same errors,
+the same bytes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ import pytest
 
 from runtime.errors import InvalidInput
 from runtime.grpc import converters
-from runtime.grpc.converters import request_from_proto
+from runtime.grpc.converters import request_from_proto, response_bytes, response_to_proto
 from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.types import InferenceRequest, RequestInput, RequestOutput
+from runtime.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    RequestInput,
+    RequestOutput,
+    ResponseOutput,
+)
 
 # ---------------------------------------------------------------------- requests
 
@@ -138,16 +147,23 @@ def test_requests_are_the_models_pydantic_makes(message: pb.ModelInferRequest) -
     )
 
 
+def _too_few_raw(r: pb.ModelInferRequest) -> None:
+    r.inputs.add(name="x", datatype="FP32")
+    r.raw_input_contents.extend([b"", b""])
+
+
+def _typed_and_raw(r: pb.ModelInferRequest) -> None:
+    r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+    r.raw_input_contents.append(b"\0" * 4)
+
+
 INVALID: list[Callable[[pb.ModelInferRequest], object]] = [
     lambda r: r.inputs.add(name="x", datatype="FP99", shape=[1]),
     lambda r: r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.int_contents.append(1),
     lambda r: r.inputs.add(name="x", datatype="FP16", shape=[1]).contents.fp32_contents.append(1),
     lambda r: r.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(1000),
-    lambda r: (r.inputs.add(name="x", datatype="FP32"), r.raw_input_contents.extend([b"", b""])),
-    lambda r: (
-        r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(1),
-        r.raw_input_contents.append(b"\0" * 4),
-    ),
+    _too_few_raw,
+    _typed_and_raw,
     lambda r: r.parameters["p"],
     lambda r: setattr(r.parameters["content_type"], "int64_param", 3),
     lambda r: r.inputs.add(name="x", datatype="FP32", shape=[1]).parameters["q"],
@@ -170,3 +186,159 @@ def test_invalid_requests_fail_with_the_same_error(build: Callable[[pb.ModelInfe
         request_from_proto(message)
     assert str(ours.value) == str(theirs.value)
     assert ours.value.message == theirs.value.message
+
+
+# ---------------------------------------------------------------------- responses
+
+
+def _output(
+    name: str, datatype: str, data: Any, shape: list[int] | None = None, **extra: Any
+) -> ResponseOutput:
+    array = np.asarray(data, dtype=object if datatype == "BYTES" else None)
+    return ResponseOutput(
+        name=name, shape=list(array.shape) if shape is None else shape, datatype=datatype, data=data, **extra
+    )
+
+
+def _responses() -> list[tuple[InferenceResponse, bool]]:
+    """Checked responses (as finish_response leaves them) and whether the request was raw."""
+    f32 = np.arange(16, dtype=np.float32).reshape(1, 16)
+    cases = [
+        (
+            InferenceResponse(
+                model_name="echo", model_version="1", id="bench", outputs=[_output("x", "FP32", f32)]
+            ),
+            True,
+        ),
+        (InferenceResponse(model_name="echo", id="bench", outputs=[_output("x", "FP32", f32)]), True),
+        (InferenceResponse(model_name="m", outputs=[]), True),
+        (
+            InferenceResponse(
+                model_name="", model_version="", id="", outputs=[_output("", "INT8", np.zeros(0, np.int8))]
+            ),
+            True,
+        ),
+        (
+            InferenceResponse(
+                model_name="modèle-ü" * 20,  # a long UTF-8 name: two-byte lengths
+                model_version="v" * 200,
+                id="i" * 130,
+                outputs=[
+                    _output("a", "INT64", np.arange(300, dtype=np.int64).reshape(3, 100)),
+                    _output("b" * 200, "BOOL", np.array([True, False])),
+                    _output("c", "BYTES", np.array([b"x", b"", b"yz"], dtype=object)),
+                    _output("d", "FP16", np.ones((2, 2), np.float16)),
+                    _output("e", "BF16", np.ones(3, np.uint16)),
+                    _output("f", "UINT64", np.array([2**64 - 1], np.uint64)),
+                    _output("g", "FP64", np.array([[1.5]])),
+                ],
+            ),
+            True,
+        ),
+        (  # a non-contiguous array (a transposed view)
+            InferenceResponse(
+                model_name="m", outputs=[_output("t", "INT32", np.arange(6, dtype=np.int32).reshape(2, 3).T)]
+            ),
+            True,
+        ),
+        (
+            InferenceResponse(model_name="m", outputs=[_output("z", "FP32", np.zeros((0, 4), np.float32))]),
+            True,
+        ),
+        (InferenceResponse(model_name="m", outputs=[_output("big", "UINT8", np.zeros(200, np.uint8))]), True),
+        (
+            InferenceResponse(model_name="m", outputs=[_output("s", "FP32", np.zeros((1, 128), np.float32))]),
+            True,
+        ),
+        (
+            InferenceResponse(model_name="m", outputs=[_output("x", "FP32", np.zeros((0, 300), np.float32))]),
+            True,
+        ),
+        # typed requests: raw only when an output has no typed field (then all outputs are raw)
+        (
+            InferenceResponse(
+                model_name="m",
+                outputs=[
+                    _output("h", "FP16", np.ones(2, np.float16)),
+                    _output("i", "INT32", np.ones(2, np.int32)),
+                ],
+            ),
+            False,
+        ),
+        # cases the fast path leaves to protobuf
+        (InferenceResponse(model_name="m", outputs=[_output("x", "FP32", f32)]), False),
+        (
+            InferenceResponse(
+                model_name="m", parameters=Parameters(sequence_id="s"), outputs=[_output("x", "FP32", f32)]
+            ),
+            True,
+        ),
+        (
+            InferenceResponse(
+                model_name="m", outputs=[_output("x", "FP32", f32, parameters=Parameters(content_type="np"))]
+            ),
+            True,
+        ),
+        (
+            InferenceResponse(
+                model_name="m", outputs=[_output("x", "FP32", np.zeros(0, np.float32), shape=[-1, 0])]
+            ),
+            True,
+        ),
+    ]
+    return cases
+
+
+FAST = 11
+"""How many of the cases above the fast path writes (the others it leaves to protobuf)."""
+
+
+@pytest.mark.parametrize(
+    ("response", "raw"), _responses(), ids=lambda v: "" if isinstance(v, bool) else v.model_name[:8]
+)
+def test_response_bytes_are_what_protobuf_serializes(response: InferenceResponse, raw: bool) -> None:
+    expected = response_to_proto(response, raw).SerializeToString()
+    ours = response_bytes(response, raw)
+    if ours is not None:  # None: the servicer builds the message with response_to_proto
+        assert ours == expected
+        assert pb.ModelInferResponse.FromString(ours) == response_to_proto(response, raw)
+
+
+def test_the_fast_path_writes_the_common_cases() -> None:
+    written = [response_bytes(response, raw) is not None for response, raw in _responses()]
+    assert written == [True] * FAST + [False] * (len(written) - FAST)
+
+
+def test_outputs_the_cache_knows_under_another_datatype_are_written_afresh() -> None:
+    for datatype, dtype in (("FP32", np.float32), ("INT32", np.int32), ("FP32", np.float32)):
+        response = InferenceResponse(model_name="m", outputs=[_output("same", datatype, np.ones(2, dtype))])
+        assert response_bytes(response, True) == response_to_proto(response, True).SerializeToString()
+
+
+def _unchecked(cls: Any, **fields: Any) -> Any:
+    """A model holding what its fields' types do not allow (as model_construct lets one make)."""
+    return cls.model_construct(**fields)
+
+
+def test_what_protobuf_refuses_is_left_to_it() -> None:
+    """Values a model slipped past the checks (model_construct): the fast path writes none of them,
+    so protobuf answers as it did (an error, or its own conversion)."""
+    f32 = np.zeros(2, np.float32)
+    fp32 = Datatype.FP32
+    odd = [
+        _unchecked(ResponseOutput, name=3, shape=[2], datatype=fp32, data=f32, parameters=None),
+        _unchecked(ResponseOutput, name="x", shape=[2**70], datatype=fp32, data=f32, parameters=None),
+        _unchecked(ResponseOutput, name="x", shape=["2"], datatype=fp32, data=f32, parameters=None),
+        _unchecked(ResponseOutput, name="x", shape=[2], datatype="FP32", data=f32, parameters=None),
+        _unchecked(ResponseOutput, name="\udc80", shape=[2], datatype=fp32, data=f32, parameters=None),
+    ]
+    for out in odd:
+        response = _unchecked(
+            InferenceResponse, model_name="m", model_version=None, id=None, parameters=None, outputs=[out]
+        )
+        assert response_bytes(response, True) is None
+    for ident in (7, "\udc80"):
+        response = _unchecked(
+            InferenceResponse, model_name="m", model_version=None, id=ident, parameters=None, outputs=[]
+        )
+        assert response_bytes(response, True) is None
