@@ -204,7 +204,13 @@ def _built(cls: type[BaseModel], fields: dict[str, Any], names: frozenset[str]) 
 
 
 def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:
-    fields = tensor.contents.ListFields() if tensor.HasField("contents") else []
+    has_contents = tensor.HasField("contents")
+    packed = _PACKED.get(datatype)
+    if packed is not None and has_contents:
+        array = _packed_array(tensor.contents.SerializeToString(), *packed)
+        if array is not None:
+            return array
+    fields = tensor.contents.ListFields() if has_contents else []
     spec = _CONTENTS.get(datatype)
     if spec is None:
         if fields:
@@ -236,6 +242,39 @@ def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -
             f"values must lie in [{info.min}, {info.max}]"
         )
     return array.astype(dtype)
+
+
+# the contents fields whose values are written packed, one fixed-size little-endian value (or one
+# byte: a bool's varint is 0 or 1) after another: their key and the dtype of their values
+_PACKED: dict[str, tuple[int, np.dtype[Any]]] = {
+    "BOOL": (0x0A, np.dtype(np.bool_)),
+    "FP32": (0x32, np.dtype("<f4")),
+    "FP64": (0x3A, np.dtype("<f8")),
+}
+
+
+def _packed_array(contents: bytes, key: int, dtype: np.dtype[Any]) -> np.ndarray | None:
+    """The values of a serialized InferTensorContents that holds the one field ``key`` (packed, as
+    protobuf writes it), as a new array of ``dtype``: what ``np.asarray`` of the repeated field
+    gives, bit for bit, without going through it. None when anything else is there (the general
+    path sorts it out)."""
+    if len(contents) < 2 or contents[0] != key:
+        return None
+    length, start = contents[1], 2
+    if length >= 0x80:
+        length, shift = length & 0x7F, 7
+        while True:
+            if start >= len(contents):
+                return None
+            byte = contents[start]
+            start += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+    if start + length != len(contents) or length % dtype.itemsize:
+        return None
+    return np.frombuffer(contents, dtype, offset=start).copy()  # writable, as np.asarray's
 
 
 # ---------------------------------------------------------------------- responses
@@ -278,16 +317,16 @@ def response_to_proto(
 
 
 def response_bytes(response: InferenceResponse, raw: bool) -> bytes | None:
-    """The serialized ModelInferResponse of a checked response, written here for the common case:
-    no parameters (response or outputs) and every output in raw_output_contents (``raw``, or an
-    output with no typed field). The bytes are those ``response_to_proto(response, raw)
-    .SerializeToString()`` gives, without building the message; None when the case is another
-    one (the caller builds the message)."""
+    """The serialized ModelInferResponse of a checked response, written here for the common cases:
+    no parameters (response or outputs), and every output in raw_output_contents (``raw``, or an
+    output with no typed field) or every output FP32 or FP64 in typed contents. The bytes are those
+    ``response_to_proto(response, raw).SerializeToString()`` gives, without building the message;
+    None for any other case (the caller builds the message)."""
     if response.parameters is not None:
         return None
     outputs = response.outputs
-    if not raw and not any(out.datatype is Datatype.FP16 or out.datatype is Datatype.BF16 for out in outputs):
-        return None
+    if not raw:
+        raw = any(out.datatype is Datatype.FP16 or out.datatype is Datatype.BF16 for out in outputs)
     try:
         key = (response.model_name, response.model_version)
         head = _HEADS.get(key)
@@ -316,10 +355,17 @@ def response_bytes(response: InferenceResponse, raw: bool) -> bytes | None:
                         return None
                     packed = varints
                 tensor = known[1] + _varint(len(packed)) + packed
-                parts.append(b"\x2a" + _varint(len(tensor)) + tensor)
             else:
-                parts.append(b"\x2a" + _varint(len(known[2])) + known[2])
+                tensor = known[2]
             data = out.data
+            if not raw:  # typed contents: the fixed-size ones are written here
+                typed = _typed_contents(data, datatype)
+                if typed is None:
+                    return None
+                tensor += b"\x2a" + _varint(len(typed)) + typed
+                parts.append(b"\x2a" + _varint(len(tensor)) + tensor)
+                continue
+            parts.append(b"\x2a" + _varint(len(tensor)) + tensor)
             if type(data) is np.ndarray and data.dtype == known[3]:
                 data = data.tobytes()  # C order, the datatype's little-endian dtype: the raw bytes
             else:
@@ -336,18 +382,18 @@ _CACHED = 1024
 """Most entries kept in each of the caches below (names come from models and settings)."""
 _HEADS: dict[tuple[str, str | None], bytes] = {}
 """The start of a response (model name and version fields), by model name and version."""
-_TENSORS: dict[str, tuple[Datatype, bytes, bytes, np.dtype[Any] | None]] = {}
+_TENSORS: dict[str, tuple[Datatype, bytes, bytes, np.dtype[Any]]] = {}
 """By output name: the datatype, the output tensor's name and datatype fields followed by the
 shape's key (to follow with the packed shape's length and bytes), the same without the shape,
-and the datatype's raw dtype (None for BYTES, packed by to_raw)."""
+and the datatype's raw dtype (``_NO_DTYPE`` for BYTES, packed by to_raw)."""
 _BYTE = [bytes((n,)) for n in range(128)]
 
 
-def _tensor_head(name: str, datatype: Datatype) -> tuple[Datatype, bytes, bytes, np.dtype[Any] | None]:
+def _tensor_head(name: str, datatype: Datatype) -> tuple[Datatype, bytes, bytes, np.dtype[Any]]:
     if not isinstance(datatype, Datatype):
         raise TypeError(datatype)
     fields = _field(b"\x0a", name) + _field(b"\x12", datatype.value)
-    dtype = _RAW_DTYPES.get(datatype.value)
+    dtype = _RAW_DTYPES.get(datatype.value, _NO_DTYPE)
     known = (datatype, fields + b"\x1a", fields, dtype)
     if len(_TENSORS) < _CACHED:
         _TENSORS[name] = known
@@ -356,15 +402,41 @@ def _tensor_head(name: str, datatype: Datatype) -> tuple[Datatype, bytes, bytes,
 
 _RAW_DTYPES = {datatype: dtype for datatype, (_, dtype) in _CONTENTS.items() if datatype != "BYTES"}
 _RAW_DTYPES["FP16"], _RAW_DTYPES["BF16"] = np.dtype("<f2"), np.dtype("<u2")
+_NO_DTYPE = np.dtype([("no raw dtype", "u1")])
+"""What no output's array is (BYTES has no raw dtype; ``dtype == None`` would hold for float64)."""
 
 
 def _raw_bytes(data: Any, datatype: str) -> bytes:
     """An output's raw contents: a checked output's array (of the datatype's little-endian dtype)
     copied once, in C order; anything else as ``to_raw`` makes it."""
-    if type(data) is np.ndarray and data.dtype == _RAW_DTYPES.get(datatype):
+    if type(data) is np.ndarray and data.dtype == _RAW_DTYPES.get(datatype, _NO_DTYPE):
         return data.tobytes()  # (also right for an empty array, which to_raw cannot cast)
     raw = to_raw(data, datatype)
     return raw if isinstance(raw, bytes) else raw.tobytes()
+
+
+_F32, _F64 = np.dtype("<f4"), np.dtype("<f8")
+
+
+def _typed_contents(data: Any, datatype: Datatype) -> bytes | None:
+    """An output's InferTensorContents, serialized, for FP32 and FP64 (packed fixed-size values:
+    the array's bytes); None for the others (protobuf writes them)."""
+    if type(data) is not np.ndarray:
+        return None
+    if datatype is Datatype.FP32 and data.dtype == _F32:
+        if np.count_nonzero(np.isnan(data)):
+            # through float64 and back, as tolist() and protobuf take them: a signalling NaN comes
+            # out quiet, as it did (and numpy says nothing, as tolist() did not)
+            with np.errstate(invalid="ignore"):
+                data = data.astype(_F64).astype(_F32)
+        values = data.tobytes()
+        key = b"\x32"
+    elif datatype is Datatype.FP64 and data.dtype == _F64:
+        values = data.tobytes()
+        key = b"\x3a"
+    else:
+        return None
+    return key + _varint(len(values)) + values if values else b""
 
 
 def _varint(n: int) -> bytes:

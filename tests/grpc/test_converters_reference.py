@@ -49,7 +49,7 @@ def reference_request(msg: pb.ModelInferRequest) -> InferenceRequest:
                 )
             data: Any = raw[index]
         else:
-            data = converters._typed_array(tensor, datatype.value)
+            data = reference_typed_array(tensor, datatype.value)
         inputs.append(
             RequestInput(
                 name=name,
@@ -82,6 +82,44 @@ def reference_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     )
 
 
+_SPECIAL = np.array([0x7F800001, 0x7FC00001, 0xFF800000, 0x7F800000, 0x80000000, 1], dtype=np.uint32)
+"""FP32 bits: a signalling NaN, a quiet NaN with a payload, -inf, inf, -0.0, the smallest subnormal."""
+
+
+def reference_typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:
+    """_typed_array as it was: every field through protobuf's repeated containers."""
+    fields = tensor.contents.ListFields() if tensor.HasField("contents") else []
+    spec = converters._CONTENTS.get(datatype)
+    if spec is None:
+        if fields:
+            raise InvalidInput(
+                f"Input {tensor.name!r} is {datatype}, which has no typed contents field; "
+                "send it in raw_input_contents"
+            )
+        return None
+    field, dtype = spec
+    if not fields:
+        return np.empty(0, dtype=dtype)
+    if len(fields) != 1 or fields[0][0].name != field:
+        sent = ", ".join(f.name for f, _ in fields)
+        raise InvalidInput(f"Input {tensor.name!r} of {datatype} must carry its data in {field}, not {sent}")
+    values = fields[0][1]
+    if datatype == "BYTES":
+        array = np.empty(len(values), dtype=object)
+        array[:] = list(values)
+        return array
+    array = np.asarray(values)
+    if array.dtype == dtype:
+        return array
+    info = np.iinfo(dtype)
+    if array.size and (array.min() < info.min or array.max() > info.max):
+        raise InvalidInput(
+            f"Input {tensor.name!r} has data that is not valid {datatype}: "
+            f"values must lie in [{info.min}, {info.max}]"
+        )
+    return array.astype(dtype)
+
+
 def _raw(values: np.ndarray) -> bytes:
     return values.tobytes()
 
@@ -108,6 +146,20 @@ def _valid() -> list[pb.ModelInferRequest]:
     typed.inputs.add(name="e", datatype="UINT16", shape=[0])
     typed.inputs.add(name="h", datatype="FP16", shape=[0])
     messages.append(typed)
+    special = pb.ModelInferRequest(model_name="m")
+    contents = pb.InferTensorContents.FromString(  # bits no Python float can carry (a signalling NaN)
+        b"\x32" + bytes([len(_SPECIAL.tobytes())]) + _SPECIAL.tobytes()
+    )
+    special.inputs.add(name="n", datatype="FP32", shape=[6]).contents.CopyFrom(contents)
+    special.inputs.add(name="d", datatype="FP64", shape=[2]).contents.fp64_contents.extend([np.nan, -1e300])
+    special.inputs.add(name="b", datatype="BOOL", shape=[3]).contents.bool_contents.extend(
+        [True, False, True]
+    )
+    special.inputs.add(name="l", datatype="FP32", shape=[300]).contents.fp32_contents.extend(range(300))
+    special.inputs.add(name="u", datatype="FP64", shape=[1]).contents.MergeFromString(
+        b"\x39" + np.float64(2.5).tobytes()  # one value sent unpacked: protobuf reads it all the same
+    )
+    messages.append(special)
     empty = pb.ModelInferRequest(model_name="m")
     messages.append(empty)
     empty_contents = pb.ModelInferRequest(model_name="m")
@@ -127,8 +179,9 @@ def _same(ours: Any, theirs: Any) -> None:
     for key, value in theirs.__dict__.items():
         mine = ours.__dict__[key]
         if isinstance(value, np.ndarray):
-            assert isinstance(mine, np.ndarray) and mine.dtype == value.dtype
-            assert mine.tolist() == value.tolist()
+            assert isinstance(mine, np.ndarray) and mine.dtype == value.dtype and mine.shape == value.shape
+            assert mine.tobytes() == value.tobytes()  # bit for bit (NaNs too)
+            assert mine.flags.writeable == value.flags.writeable
         elif isinstance(value, list) and value and hasattr(value[0], "__dict__"):
             assert len(mine) == len(value)
             for a, b in zip(mine, value, strict=True):
@@ -147,6 +200,13 @@ def test_requests_are_the_models_pydantic_makes(message: pb.ModelInferRequest) -
     )
 
 
+def _two_fields(r: pb.ModelInferRequest, datatype: str) -> None:
+    contents = r.inputs.add(name="x", datatype=datatype, shape=[2]).contents
+    contents.fp32_contents.append(1)
+    contents.fp64_contents.append(1)
+    contents.bool_contents.append(True)
+
+
 def _too_few_raw(r: pb.ModelInferRequest) -> None:
     r.inputs.add(name="x", datatype="FP32")
     r.raw_input_contents.extend([b"", b""])
@@ -162,6 +222,9 @@ INVALID: list[Callable[[pb.ModelInferRequest], object]] = [
     lambda r: r.inputs.add(name="x", datatype="FP32", shape=[1]).contents.int_contents.append(1),
     lambda r: r.inputs.add(name="x", datatype="FP16", shape=[1]).contents.fp32_contents.append(1),
     lambda r: r.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(1000),
+    lambda r: _two_fields(r, "FP32"),
+    lambda r: _two_fields(r, "FP64"),
+    lambda r: _two_fields(r, "BOOL"),
     _too_few_raw,
     _typed_and_raw,
     lambda r: r.parameters["p"],
@@ -265,8 +328,30 @@ def _responses() -> list[tuple[InferenceResponse, bool]]:
             ),
             False,
         ),
-        # cases the fast path leaves to protobuf
+        # typed contents, FP32 and FP64 (NaNs, a signalling one included, and infinities)
         (InferenceResponse(model_name="m", outputs=[_output("x", "FP32", f32)]), False),
+        (
+            InferenceResponse(
+                model_name="m",
+                id="t",
+                outputs=[
+                    _output("n", "FP32", _SPECIAL.view(np.float32)),
+                    _output("d", "FP64", np.array([[np.nan, -np.inf, 1e300, -0.0]])),
+                    _output("e", "FP32", np.zeros((2, 0), np.float32)),
+                    _output("t", "FP64", np.arange(6, dtype=np.float64).reshape(2, 3).T),
+                ],
+            ),
+            False,
+        ),
+        # cases the fast path leaves to protobuf
+        (InferenceResponse(model_name="m", outputs=[_output("x", "INT32", np.ones(2, np.int32))]), False),
+        (
+            InferenceResponse(
+                model_name="m",
+                outputs=[_output("x", "FP32", f32), _output("b", "BOOL", np.ones(1, np.bool_))],
+            ),
+            False,
+        ),
         (
             InferenceResponse(
                 model_name="m", parameters=Parameters(sequence_id="s"), outputs=[_output("x", "FP32", f32)]
@@ -289,7 +374,7 @@ def _responses() -> list[tuple[InferenceResponse, bool]]:
     return cases
 
 
-FAST = 11
+FAST = 13
 """How many of the cases above the fast path writes (the others it leaves to protobuf)."""
 
 
