@@ -167,13 +167,21 @@ class DataPlane:
         return self.registry.get(name, version)
 
     async def infer(
-        self, request: InferenceRequest, name: str, version: str | None = None
+        self,
+        request: InferenceRequest,
+        name: str,
+        version: str | None = None,
+        entry: ModelEntry | None = None,
     ) -> InferenceResponse:
-        """Serve one request through the model's scheduler and return its checked response."""
+        """Serve one request through the model's scheduler and return its checked response.
+
+        ``entry``: what ``check_model(name, version)`` returned for this request in this same turn
+        of the loop (no ``await`` since), which spares looking the model up again."""
         observer = self.observer
         if observer is None:
-            return await self._serve(request, self._entry(name, version))
-        entry = self._checked(name, version)  # found once, for the observer and the request alike
+            return await self._serve(request, entry or self._entry(name, version))
+        if entry is None:
+            entry = self._checked(name, version)  # found once, for the observer and the request alike
         watch = observer.begin(entry, name, version)
         if watch is None:
             return await self._serve(request, entry)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidInput, ModelFailed
 from ..tensors import to_raw
@@ -148,18 +148,15 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
             data: Any = raw[index]
         else:
             data = _typed_array(tensor, datatype.value)
-        # (validating these small models is faster than pydantic's model_construct)
-        inputs.append(
-            RequestInput(
-                name=name,
-                shape=list(tensor.shape),
-                datatype=datatype,
-                parameters=parameters_from_proto(tensor.parameters, f"input {name!r}")
-                if tensor.parameters
-                else None,
-                data=data,
-            )
-        )
+        parameters = tensor.parameters
+        fields = {
+            "name": name,
+            "shape": tensor.shape[:],  # a list of int (faster than list())
+            "datatype": datatype,
+            "parameters": parameters_from_proto(parameters, f"input {name!r}") if parameters else None,
+            "data": data,
+        }
+        inputs.append(_built(RequestInput, fields, _INPUT_FIELDS))
     outputs = None
     if msg.outputs:
         outputs = [
@@ -171,16 +168,49 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
             )
             for out in msg.outputs
         ]
-    return InferenceRequest(
-        id=msg.id or None,
-        parameters=parameters_from_proto(msg.parameters, "the request") if msg.parameters else None,
-        inputs=inputs,
-        outputs=outputs,
-    )
+    parameters = msg.parameters
+    fields = {
+        "id": msg.id or None,
+        "parameters": parameters_from_proto(parameters, "the request") if parameters else None,
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+    return _built(InferenceRequest, fields, _REQUEST_FIELDS)  # type: ignore[no-any-return]
+
+
+_new = object.__new__
+# the setters of BaseModel's slots (what pydantic's model_construct sets, without the lookups)
+_SLOTS = vars(BaseModel)
+_set_dict = _SLOTS["__dict__"].__set__
+_set_fields_set = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra = _SLOTS["__pydantic_extra__"].__set__
+_set_private = _SLOTS["__pydantic_private__"].__set__
+_INPUT_FIELDS = frozenset(RequestInput.model_fields)
+_REQUEST_FIELDS = frozenset(InferenceRequest.model_fields)
+
+
+def _built(cls: type[BaseModel], fields: dict[str, Any], names: frozenset[str]) -> Any:
+    """``cls(**fields)`` for a model whose every field is given (``names``: all of them), each
+    value already of its field's type (str, a list of int, a Datatype, Parameters or None, the
+    data as it came, a list of RequestInput): the instance pydantic's validation makes (same
+    values in the same order, same fields set, no extra or private values), without validating
+    what cannot fail. Half of ``cls(**fields)``'s cost, on the gRPC hot path."""
+    model = _new(cls)
+    _set_dict(model, fields)
+    _set_fields_set(model, set(names))
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
 
 
 def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:
-    fields = tensor.contents.ListFields() if tensor.HasField("contents") else []
+    has_contents = tensor.HasField("contents")
+    packed = _PACKED.get(datatype)
+    if packed is not None and has_contents:
+        array = _packed_array(tensor.contents.SerializeToString(), *packed)
+        if array is not None:
+            return array
+    fields = tensor.contents.ListFields() if has_contents else []
     spec = _CONTENTS.get(datatype)
     if spec is None:
         if fields:
@@ -212,6 +242,39 @@ def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -
             f"values must lie in [{info.min}, {info.max}]"
         )
     return array.astype(dtype)
+
+
+# the contents fields whose values are written packed, one fixed-size little-endian value (or one
+# byte: a bool's varint is 0 or 1) after another: their key and the dtype of their values
+_PACKED: dict[str, tuple[int, np.dtype[Any]]] = {
+    "BOOL": (0x0A, np.dtype(np.bool_)),
+    "FP32": (0x32, np.dtype("<f4")),
+    "FP64": (0x3A, np.dtype("<f8")),
+}
+
+
+def _packed_array(contents: bytes, key: int, dtype: np.dtype[Any]) -> np.ndarray | None:
+    """The values of a serialized InferTensorContents that holds the one field ``key`` (packed, as
+    protobuf writes it), as a new array of ``dtype``: what ``np.asarray`` of the repeated field
+    gives, bit for bit, without going through it. None when anything else is there (the general
+    path sorts it out)."""
+    if len(contents) < 2 or contents[0] != key:
+        return None
+    length, start = contents[1], 2
+    if length >= 0x80:
+        length, shift = length & 0x7F, 7
+        while True:
+            if start >= len(contents):
+                return None
+            byte = contents[start]
+            start += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+    if start + length != len(contents) or length % dtype.itemsize:
+        return None
+    return np.frombuffer(contents, dtype, offset=start).copy()  # writable, as np.asarray's
 
 
 # ---------------------------------------------------------------------- responses
@@ -247,11 +310,164 @@ def response_to_proto(
         if out.parameters is not None:
             set_parameters(tensor.parameters, out.parameters, f"output {out.name!r}")
         if raw:
-            data = to_raw(out.data, datatype)
-            raw_contents.append(data if isinstance(data, bytes) else data.tobytes())
+            raw_contents.append(_raw_bytes(out.data, datatype))
         else:
             _set_typed(tensor.contents, out.data, datatype)
     return msg
+
+
+def response_bytes(response: InferenceResponse, raw: bool) -> bytes | None:
+    """The serialized ModelInferResponse of a checked response, written here for the common cases:
+    no parameters (response or outputs), and every output in raw_output_contents (``raw``, or an
+    output with no typed field) or every output FP32 or FP64 in typed contents. The bytes are those
+    ``response_to_proto(response, raw).SerializeToString()`` gives, without building the message;
+    None for any other case (the caller builds the message)."""
+    if response.parameters is not None:
+        return None
+    outputs = response.outputs
+    if not raw:
+        raw = any(out.datatype is Datatype.FP16 or out.datatype is Datatype.BF16 for out in outputs)
+    try:
+        key = (response.model_name, response.model_version)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _field(b"\x0a", response.model_name) + _field(b"\x12", response.model_version or "")
+            if len(_HEADS) < _CACHED:
+                _HEADS[key] = head
+        parts = [head, _field(b"\x1a", response.id or "")]
+        contents = []
+        for out in outputs:
+            if out.parameters is not None:
+                return None
+            datatype = out.datatype
+            known = _TENSORS.get(out.name)
+            if known is None or known[0] is not datatype:
+                known = _tensor_head(out.name, datatype)
+            shape = out.shape
+            if shape:
+                try:
+                    packed = bytes(shape)  # the packed varints when every dimension is below 128
+                except ValueError:
+                    packed = b"\x80"
+                if not packed.isascii():
+                    varints = _packed(shape)
+                    if varints is None:
+                        return None
+                    packed = varints
+                tensor = known[1] + _varint(len(packed)) + packed
+            else:
+                tensor = known[2]
+            data = out.data
+            if not raw:  # typed contents: the fixed-size ones are written here
+                typed = _typed_contents(data, datatype)
+                if typed is None:
+                    return None
+                tensor += b"\x2a" + _varint(len(typed)) + typed
+                parts.append(b"\x2a" + _varint(len(tensor)) + tensor)
+                continue
+            parts.append(b"\x2a" + _varint(len(tensor)) + tensor)
+            if type(data) is np.ndarray and data.dtype == known[3]:
+                data = data.tobytes()  # C order, the datatype's little-endian dtype: the raw bytes
+            else:
+                data = _raw_bytes(data, datatype.value)
+            contents.append(b"\x32" + _varint(len(data)))
+            contents.append(data)
+    except (UnicodeEncodeError, ValueError, TypeError, AttributeError):
+        return None  # not plain text, a dimension out of [0, 128), ...: protobuf decides
+    parts += contents
+    return b"".join(parts)
+
+
+_CACHED = 1024
+"""Most entries kept in each of the caches below (names come from models and settings)."""
+_HEADS: dict[tuple[str, str | None], bytes] = {}
+"""The start of a response (model name and version fields), by model name and version."""
+_TENSORS: dict[str, tuple[Datatype, bytes, bytes, np.dtype[Any]]] = {}
+"""By output name: the datatype, the output tensor's name and datatype fields followed by the
+shape's key (to follow with the packed shape's length and bytes), the same without the shape,
+and the datatype's raw dtype (``_NO_DTYPE`` for BYTES, packed by to_raw)."""
+_BYTE = [bytes((n,)) for n in range(128)]
+
+
+def _tensor_head(name: str, datatype: Datatype) -> tuple[Datatype, bytes, bytes, np.dtype[Any]]:
+    if not isinstance(datatype, Datatype):
+        raise TypeError(datatype)
+    fields = _field(b"\x0a", name) + _field(b"\x12", datatype.value)
+    dtype = _RAW_DTYPES.get(datatype.value, _NO_DTYPE)
+    known = (datatype, fields + b"\x1a", fields, dtype)
+    if len(_TENSORS) < _CACHED:
+        _TENSORS[name] = known
+    return known
+
+
+_RAW_DTYPES = {datatype: dtype for datatype, (_, dtype) in _CONTENTS.items() if datatype != "BYTES"}
+_RAW_DTYPES["FP16"], _RAW_DTYPES["BF16"] = np.dtype("<f2"), np.dtype("<u2")
+_NO_DTYPE = np.dtype([("no raw dtype", "u1")])
+"""What no output's array is (BYTES has no raw dtype; ``dtype == None`` would hold for float64)."""
+
+
+def _raw_bytes(data: Any, datatype: str) -> bytes:
+    """An output's raw contents: a checked output's array (of the datatype's little-endian dtype)
+    copied once, in C order; anything else as ``to_raw`` makes it."""
+    if type(data) is np.ndarray and data.dtype == _RAW_DTYPES.get(datatype, _NO_DTYPE):
+        return data.tobytes()  # (also right for an empty array, which to_raw cannot cast)
+    raw = to_raw(data, datatype)
+    return raw if isinstance(raw, bytes) else raw.tobytes()
+
+
+_F32, _F64 = np.dtype("<f4"), np.dtype("<f8")
+
+
+def _typed_contents(data: Any, datatype: Datatype) -> bytes | None:
+    """An output's InferTensorContents, serialized, for FP32 and FP64 (packed fixed-size values:
+    the array's bytes); None for the others (protobuf writes them)."""
+    if type(data) is not np.ndarray:
+        return None
+    if datatype is Datatype.FP32 and data.dtype == _F32:
+        if np.count_nonzero(np.isnan(data)):
+            # through float64 and back, as tolist() and protobuf take them: a signalling NaN comes
+            # out quiet, as it did (and numpy says nothing, as tolist() did not)
+            with np.errstate(invalid="ignore"):
+                data = data.astype(_F64).astype(_F32)
+        values = data.tobytes()
+        key = b"\x32"
+    elif datatype is Datatype.FP64 and data.dtype == _F64:
+        values = data.tobytes()
+        key = b"\x3a"
+    else:
+        return None
+    return key + _varint(len(values)) + values if values else b""
+
+
+def _varint(n: int) -> bytes:
+    """The protobuf varint of ``0 <= n < 2**64``."""
+    if n < 0x80:
+        return _BYTE[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _packed(shape: list[int]) -> bytes | None:
+    """The packed int64 varints of a shape; None when a dimension is not an int in [0, 2**63)
+    (protobuf decides what to do with it)."""
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim < _INT64_END:
+            return None
+    return b"".join([_varint(dim) for dim in shape])
+
+
+def _field(key: bytes, text: str) -> bytes:
+    """A string field (``key``: its tag byte), omitted when empty as proto3 does."""
+    if not text:
+        return b""
+    if type(text) is not str:
+        raise TypeError(text)
+    data = text.encode()
+    return key + _varint(len(data)) + data
 
 
 def _set_typed(contents: pb.InferTensorContents, array: np.ndarray, datatype: str) -> None:

@@ -22,7 +22,7 @@ from ..dataplane import DataPlane
 from ..settings import Settings
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
-from .servicer import InferenceServicer
+from .servicer import InferenceServicer, serialized
 from .stream_rpc import stream_handler
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,13 @@ _UNARY: tuple[tuple[str, Any, Any], ...] = (
 )
 _REPOSITORY = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 
+REGISTERED: dict[str, tuple[str, ...]] = {SERVICE_NAME: ("ModelInfer",)}
+"""The methods registered with gRPC core, by service; every other method is served by its
+service's generic handler (same handlers, same answers). grpc.aio's server keeps one pending
+call request per registered method, plus one for the generic ones, and waits on all of them
+(``asyncio.wait``) before every call it accepts: each registered method costs every call of every
+method a done-callback added and removed, so only the hot path is registered."""
+
 
 def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.RpcMethodHandler]:
     """The handlers of GRPCInferenceService's methods, by method name."""
@@ -50,7 +57,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString,
+            response_serializer=serialized if name == "ModelInfer" else response.SerializeToString,
         )
         for name, request, response in _UNARY
     }
@@ -115,6 +122,21 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, certificate)])
 
 
+class _GenericOnly:
+    """A server as a generated ``add_*Servicer_to_server`` sees it, which takes the service's
+    generic handler and drops its registered ones (see ``REGISTERED``): the same handlers serve
+    every method either way."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.target.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, table: dict[str, grpc.RpcMethodHandler]) -> None:
+        pass
+
+
 class GrpcServer:
     """One grpc.aio server over a DataPlane."""
 
@@ -154,13 +176,13 @@ class GrpcServer:
         handlers = method_handlers(self.dataplane, settings.grpc_stream_format)
         repository = {name: handlers[name] for name in _REPOSITORY}
         add = self.registration(server) if self.registration is not None else server
-        for service, table in ((SERVICE_NAME, handlers), (MLSERVER_REPOSITORY_SERVICE, repository)):
+        tables = {SERVICE_NAME: handlers, MLSERVER_REPOSITORY_SERVICE: repository, **self.services}
+        for service, table in tables.items():  # self.services: e.g. TorchServe's own API
             add.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
-            add.add_registered_method_handlers(service, table)
-        for service, table in self.services.items():  # e.g. TorchServe's own API
-            add.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, table),))
-            add.add_registered_method_handlers(service, table)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, add)
+            hot = {name: table[name] for name in REGISTERED.get(service, ()) if name in table}
+            if hot:
+                add.add_registered_method_handlers(service, hot)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, _GenericOnly(add))
         add.add_generic_rpc_handlers((_Reflection(),))
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.grpc_port}"

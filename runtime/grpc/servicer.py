@@ -21,6 +21,7 @@ from .converters import (
     model_metadata_to_proto,
     repository_index_to_proto,
     request_from_proto,
+    response_bytes,
     response_to_proto,
     server_metadata_to_proto,
 )
@@ -43,22 +44,34 @@ def guarded(method: Handler[Request, Response]) -> Handler[Request, Response]:
             return await method(self, request, context)
         except grpc.aio.AbortError:
             raise
-        except ServerError as exc:
-            code, message, trailers = code_of(exc), exc.message, trailers_of(exc)
         except Exception as exc:
-            logger.exception("Unexpected error serving %s", method.__name__)
-            code, message = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
-            trailers = ()
-        await context.abort(code, status_message(message), trailing_metadata=trailers)
+            await abort(context, exc, method.__name__)
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     return handler
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    """End the call with ``exc``'s status: a core error's code, INTERNAL for anything unexpected
+    (logged). Raises grpc.aio's AbortError, as ``context.abort`` does."""
+    if isinstance(exc, ServerError):
+        code, message, trailers = code_of(exc), exc.message, trailers_of(exc)
+    else:
+        logger.exception("Unexpected error serving %s", method, exc_info=exc)
+        code, message = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+        trailers = ()
+    await context.abort(code, status_message(message), trailing_metadata=trailers)
 
 
 def _metadata(context: Any) -> tuple[tuple[str, Any], ...]:
     """The call's metadata; its binary ``-bin`` entries are never sequence fields, whose names
     ``apply_headers`` looks for and which gRPC carries as text."""
     return context.invocation_metadata() or ()
+
+
+def serialized(message: pb.ModelInferResponse | bytes) -> bytes:
+    """ModelInfer's response serializer: its answer is a message, or already its bytes."""
+    return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
 
 
 class InferenceServicer:
@@ -91,20 +104,31 @@ class InferenceServicer:
         meta = await self.dataplane.model_metadata(request.name, request.version or None)
         return model_metadata_to_proto(meta)
 
-    @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        name, version = request.model_name, request.model_version or None
-        self.dataplane.turns.grpc_call()
-        self.dataplane.check_model(name, version)
-        inference = request_from_proto(request)
-        apply_headers(inference, _metadata(context))
-        response = await self.dataplane.infer(inference, name, version)
-        message = response_to_proto(response, bool(request.raw_input_contents))
-        if response.parameters is not None:  # headers and sequence fields are parameters
-            trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
-            if trailers:
-                context.set_trailing_metadata(trailers)
-        return message
+        # guarded as the other methods are, in this one frame (the hot path: no wrapper coroutine)
+        try:
+            name, version = request.model_name, request.model_version or None
+            dataplane = self.dataplane
+            dataplane.turns.grpc_call()
+            entry = dataplane.check_model(name, version)  # before the request is read
+            inference = request_from_proto(request)
+            apply_headers(inference, _metadata(context))
+            response = await dataplane.infer(inference, name, version, entry)
+            raw = bool(request.raw_input_contents)
+            body = response_bytes(response, raw)  # no parameters, so no trailers either
+            if body is not None:
+                return body  # type: ignore[return-value]  # serialized: see ``serialized``
+            message = response_to_proto(response, raw)
+            if response.parameters is not None:  # headers and sequence fields are parameters
+                trailers = headers_of(response.parameters) + tuple(response_headers(response).items())
+                if trailers:
+                    context.set_trailing_metadata(trailers)
+            return message
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort(context, exc, "ModelInfer")
+        raise AssertionError("context.abort returned")  # pragma: no cover
 
     @guarded
     async def RepositoryIndex(
