@@ -149,6 +149,8 @@ def to_raw(array: np.ndarray, datatype: str) -> bytes | memoryview:
         return pack_bytes(array)
     dtype = _DTYPES[datatype]
     contiguous = np.ascontiguousarray(array, dtype=dtype)
+    if contiguous.size == 0:  # a memoryview with a zero in its shape cannot be cast to bytes
+        return b""
     return memoryview(contiguous).cast("B")  # type: ignore[arg-type]
 
 

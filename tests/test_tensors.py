@@ -48,6 +48,11 @@ def test_numeric_raw_round_trip_is_a_view(datatype: str) -> None:
     assert arr.base is not None and not arr.flags.owndata  # np.frombuffer view, no copy
 
 
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 3)])
+def test_an_empty_tensor_has_no_raw_bytes(shape: tuple[int, ...]) -> None:
+    assert bytes(to_raw(np.zeros(shape, dtype=np.float32), "FP32")) == b""
+
+
 def test_nested_json_data() -> None:
     arr = input_array(RequestInput(name="t", shape=[2, 2], datatype="INT32", data=[[1, 2], [3, 4]]))
     np.testing.assert_array_equal(arr, [[1, 2], [3, 4]])
