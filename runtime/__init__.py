@@ -58,12 +58,19 @@ def __getattr__(name: str) -> Any:
     """A public name (imported from its module), or a submodule (imported), on first access."""
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    elif name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+    elif name.startswith("_") or not name.isidentifier() or not _is_submodule(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
         value = importlib.import_module(f"{__name__}.{name}")
     globals()[name] = value
     return value
+
+
+def _is_submodule(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"{__name__}.{name}") is not None
+    except ImportError:
+        return False
 
 
 def __dir__() -> list[str]:

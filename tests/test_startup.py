@@ -109,6 +109,8 @@ def test_submodules_are_attributes_and_unknown_names_are_not() -> None:
         _ = runtime.nothing_here
     with pytest.raises(AttributeError):
         _ = runtime._private
+    assert getattr(runtime, "nothing_here.sub", None) is None  # not an import error
+    assert not hasattr(runtime, "not a name")
 
 
 def test_an_echo_server_imports_what_only_other_models_or_calls_need_on_first_use() -> None:

@@ -379,7 +379,10 @@ def response_bytes(response: InferenceResponse, raw: bool) -> bytes | None:
 
 
 _CACHED = 1024
-"""Most entries kept in each of the caches below (names come from models and settings)."""
+"""Most entries kept in each of the caches below."""
+_CACHED_NAME = 64
+"""Longest output name kept in ``_TENSORS``: a model may name its outputs after what a client sent
+(an echo model does), so a name is cached only when short, which bounds what clients can pin."""
 _HEADS: dict[tuple[str, str | None], bytes] = {}
 """The start of a response (model name and version fields), by model name and version."""
 _TENSORS: dict[str, tuple[Datatype, bytes, bytes, np.dtype[Any]]] = {}
@@ -395,7 +398,7 @@ def _tensor_head(name: str, datatype: Datatype) -> tuple[Datatype, bytes, bytes,
     fields = _field(b"\x0a", name) + _field(b"\x12", datatype.value)
     dtype = _RAW_DTYPES.get(datatype.value, _NO_DTYPE)
     known = (datatype, fields + b"\x1a", fields, dtype)
-    if len(_TENSORS) < _CACHED:
+    if len(_TENSORS) < _CACHED and len(name) <= _CACHED_NAME:
         _TENSORS[name] = known
     return known
 

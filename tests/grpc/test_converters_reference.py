@@ -400,6 +400,17 @@ def test_outputs_the_cache_knows_under_another_datatype_are_written_afresh() -> 
         assert response_bytes(response, True) == response_to_proto(response, True).SerializeToString()
 
 
+def test_only_short_output_names_are_cached() -> None:
+    """An echo model names its outputs after what a client sent: long names are written, never kept."""
+    long_name = "x" * (converters._CACHED_NAME + 1)
+    response = InferenceResponse(model_name="m", outputs=[_output(long_name, "FP32", np.ones(2, np.float32))])
+    assert response_bytes(response, True) == response_to_proto(response, True).SerializeToString()
+    assert long_name not in converters._TENSORS
+    short = InferenceResponse(model_name="m", outputs=[_output("short", "FP32", np.ones(2, np.float32))])
+    assert response_bytes(short, True) == response_to_proto(short, True).SerializeToString()
+    assert "short" in converters._TENSORS
+
+
 def _unchecked(cls: Any, **fields: Any) -> Any:
     """A model holding what its fields' types do not allow (as model_construct lets one make)."""
     return cls.model_construct(**fields)
