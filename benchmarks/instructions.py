@@ -72,15 +72,9 @@ def count(
                 *server_command(checkout, folder),
                 *extra,
             ]
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=checkout, env=env
-            )
-            server = RunningServer(process)
+            server = _started(command, checkout, {"PYTHONHASHSEED": "0"})
             try:
-                if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
-                    raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
-                pid = str(process.pid)
+                pid = str(server.process.pid)
                 counts[label] = {}
                 for transport in TRANSPORTS:
                     send = rest_requests if transport == "REST" else grpc_requests
@@ -112,15 +106,9 @@ def to_ready(sides: dict[str, Path], folder: Path) -> dict[str, float]:
             out = f"{tmp}/start{index}"
             command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"]
             command += server_command(checkout, folder)
-            env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-            process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=checkout, env=env
-            )
-            server = RunningServer(process)
+            server = _started(command, checkout, {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"})
             try:
-                if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
-                    raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
-                pid = str(process.pid)
+                pid = str(server.process.pid)
                 subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
                 dumps = sorted(Path(tmp).glob(f"start{index}.{pid}.*"), key=_dump_number)
                 counts[label] = float(_total(dumps[-1]))
@@ -128,6 +116,22 @@ def to_ready(sides: dict[str, Path], folder: Path) -> dict[str, float]:
             finally:
                 server.stop(timeout=120)
     return counts
+
+
+def _started(command: list[str], checkout: Path, env: dict[str, str]) -> RunningServer:
+    """A server started by ``command`` (under callgrind) in ``checkout``, once it listens."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=checkout,
+        env={**os.environ, **env},
+    )
+    server = RunningServer(process)
+    if not server._wait(lambda s=server: bool(s.endpoints), 900):  # type: ignore[misc]
+        server.stop(timeout=120)
+        raise RuntimeError(f"the server under callgrind did not start:\n{server.read_log()}")
+    return server
 
 
 def print_ratios(counts: dict[str, dict[str, float]], first: str, second: str) -> None:

@@ -113,25 +113,18 @@ async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -
         receive = request.receive if isinstance(request, Request) else request
     watcher = _Watcher(receive, task)
     cycle = _hooked_cycle(receive)
-    if cycle is not None:
+    waiting: dict[_Watcher, bool] | None = None
+    if cycle is not None:  # the server's protocol tells of a disconnect: no watcher needed
         cycle.on_disconnect = watcher.fire
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if not watcher.fired:
-                raise
-            _uncancel(task)
-            raise Cancelled("The client disconnected before the answer was ready") from None
-        finally:
-            cycle.on_disconnect = None
-    ticker = _ticker
-    loop = asyncio.get_running_loop()
-    if ticker is None or ticker.loop is not loop:
-        ticker = _ticker = _Ticker(loop)
-    waiting = ticker.waiting
-    waiting[watcher] = False
-    if ticker.handle is None:
-        ticker.arm()
+    else:
+        ticker = _ticker
+        loop = asyncio.get_running_loop()
+        if ticker is None or ticker.loop is not loop:
+            ticker = _ticker = _Ticker(loop)
+        waiting = ticker.waiting
+        waiting[watcher] = False
+        if ticker.handle is None:
+            ticker.arm()
     try:
         return await work
     except asyncio.CancelledError:
@@ -140,7 +133,9 @@ async def cancel_on_disconnect(request: Request | Receive, work: Awaitable[T]) -
         _uncancel(task)
         raise Cancelled("The client disconnected before the answer was ready") from None
     finally:
-        if waiting.pop(watcher, None) is None and watcher.watching is not None:
+        if cycle is not None:
+            cycle.on_disconnect = None
+        elif waiting is not None and waiting.pop(watcher, None) is None and watcher.watching is not None:
             watcher.watching.cancel()
             # the task ends holding its CancelledError, whose traceback holds this watcher: without
             # this, watcher -> task -> error -> frame -> watcher is a cycle per request for the GC
