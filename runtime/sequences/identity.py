@@ -66,6 +66,26 @@ class SequenceControl:
     """The client's number for this step (``sequence_step``), or None when it numbers none."""
 
 
+_new = object.__new__
+_SET_KEY, _SET_ECHO, _SET_START, _SET_END, _SET_GENERATED, _SET_STEP = (
+    vars(SequenceControl)[name].__set__ for name in ("key", "echo", "start", "end", "generated", "step")
+)
+
+
+def _control(key: str, echo: SequenceId, start: bool, end: bool, step: int | None) -> SequenceControl:
+    """``SequenceControl(key=key, echo=echo, start=start, end=end, step=step)``: the same frozen
+    instance, its slots set directly (the frozen dataclass's ``__init__`` goes through
+    ``object.__setattr__`` by name for each field: twice the cost, once per request)."""
+    control = _new(SequenceControl)
+    _SET_KEY(control, key)
+    _SET_ECHO(control, echo)
+    _SET_START(control, start)
+    _SET_END(control, end)
+    _SET_GENERATED(control, False)
+    _SET_STEP(control, step)
+    return control
+
+
 def _extra(parameters: Parameters | None) -> dict[str, Any]:
     if parameters is None:
         return {}
@@ -163,9 +183,7 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
             return None
         made = f"seq-{new_secret_id()}"
         return SequenceControl(key=made, echo=made, start=True, end=end, generated=True, step=step)
-    return SequenceControl(
-        key=given if type(given) is str else str(given), echo=given, start=start, end=end, step=step
-    )
+    return _control(given if type(given) is str else str(given), given, start, end, step)
 
 
 def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any]) -> None:

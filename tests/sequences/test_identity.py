@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from runtime.errors import SequenceError
 from runtime.sequences import LRUStateStore, parse_control
-from runtime.sequences.identity import SequenceControl, _id, apply_transport_fields, mark_response
+from runtime.sequences.identity import (
+    SequenceControl,
+    _control,
+    _id,
+    apply_transport_fields,
+    mark_response,
+)
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 
@@ -209,3 +216,22 @@ async def test_lru_store_evicts_the_least_recently_used_and_says_so() -> None:
     assert await store.pop("a") is None
     assert await store.clear() == [("c", 3)]
     assert len(store) == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "echo", "start", "end", "step"),
+    [("s1", "s1", True, False, None), ("42", 42, False, True, 3), ("x", "x", False, False, 1)],
+)
+def test_a_parsed_control_is_the_dataclass_built_by_its_constructor(
+    key: str, echo: Any, start: bool, end: bool, step: int | None
+) -> None:
+    built = _control(key, echo, start, end, step)
+    expected = SequenceControl(key=key, echo=echo, start=start, end=end, step=step)
+    assert type(built) is SequenceControl
+    assert built == expected and hash(built) == hash(expected) and repr(built) == repr(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.key = "other"  # type: ignore[misc]
+    params: dict[str, Any] = {"sequence_id": echo, "sequence_start": start, "sequence_end": end}
+    if step is not None:
+        params["sequence_step"] = step
+    assert control(**params) == expected
