@@ -2,7 +2,7 @@
 uvicorn. A finer figure than ``--instructions`` for work on the REST hot path (runtime/rest, the
 DataPlane, the checks), whose changes are a few percent of the whole server's count.
 
-    python3 benchmarks/app_instructions.py [--requests 1000] [--kind json|binary|sequence]
+    python3 benchmarks/app_instructions.py [--requests 1000] [--kind json|binary|sequence|running-sum]
         [--baseline OTHER_CHECKOUT] [--bare]
 
 Each side runs ``--drive`` under valgrind's callgrind: it loads the echo model into a server's
@@ -10,7 +10,9 @@ DataPlane (metrics on, as served), builds the REST app as the server does, and c
 ASGI scope per request on an asyncio loop. Counting starts at a call of ``os.getppid`` and stops at
 one of ``os.getpgrp`` (callgrind's ``--zero-before`` and ``--dump-before``), after 300 requests of
 warm-up. ``--bare`` counts benchmarks/bare.py's Starlette echo app the same way (the ceiling of the
-app's share). Only the main thread is counted.
+app's share). Only the main thread is counted. ``--kind running-sum`` serves the ``sequence`` row's
+load instead: 128 running-sum sequences (benchmarks/models/running-sum) at once over the same app,
+ids and START in TorchServe's headers; each step counts as a request (the batches' share included).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3"  # the interpreter itself (pyenv's shim is a script)
 WARM_UP = 300
+SEQUENCES = 128
 
 
 def _request(kind: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
@@ -42,6 +45,8 @@ def _request(kind: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         head = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
         headers.append((b"inference-header-content-length", str(len(head)).encode()))
         body = head + raw
+    elif kind == "running-sum":
+        body = orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1]}]})
     else:
         body = orjson.dumps({"inputs": [{**tensor, "data": [0.5] * 16}]})
         if kind == "sequence":
@@ -57,7 +62,9 @@ async def _drive(requests: int, kind: str, bare: bool) -> None:
     from runtime.settings import Settings
 
     folder = tempfile.mkdtemp()
-    shutil.copytree(Path.cwd() / "examples" / "models" / "echo", Path(folder) / "echo")  # the checkout's
+    model = "running-sum" if kind == "running-sum" else "echo"
+    source = Path.cwd() / ("benchmarks" if kind == "running-sum" else "examples") / "models" / model
+    shutil.copytree(source, Path(folder) / model)  # the checkout's
     settings = Settings(model_repository_root=folder, http_port=0, grpc_port=0, metrics_port=0)
     server = Server(settings)
     await server.load_models(read_repository(folder)[0])
@@ -73,8 +80,8 @@ async def _drive(requests: int, kind: str, bare: bool) -> None:
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/v2/models/echo/infer",
-        "raw_path": b"/v2/models/echo/infer",
+        "path": f"/v2/models/{model}/infer",
+        "raw_path": f"/v2/models/{model}/infer".encode(),
         "query_string": b"",
         "root_path": "",
         "headers": headers,
@@ -91,15 +98,53 @@ async def _drive(requests: int, kind: str, bare: bool) -> None:
         if sent["type"] == "http.response.start":
             statuses.append(sent["status"])
 
-    for _ in range(WARM_UP):
-        await app(dict(scope), receive, send)
-    os.getppid()  # callgrind: --zero-before=getppid
-    for _ in range(requests):
-        await app(dict(scope), receive, send)
-    os.getpgrp()  # callgrind: --dump-before=getpgrp
+    if kind == "running-sum":
+        await _sequences(app, scope, headers, receive, send, requests)
+    else:
+        for _ in range(WARM_UP):
+            await app(dict(scope), receive, send)
+        os.getppid()  # callgrind: --zero-before=getppid
+        for _ in range(requests):
+            await app(dict(scope), receive, send)
+        os.getpgrp()  # callgrind: --dump-before=getpgrp
     shutil.rmtree(folder)
     if set(statuses) != {200}:
         raise SystemExit(f"not every request was answered 200: {sorted(set(statuses))}")
+
+
+async def _sequences(
+    app: Any,
+    scope: dict[str, Any],
+    headers: list[tuple[bytes, bytes]],
+    receive: Any,
+    send: Any,
+    requests: int,
+) -> None:
+    """``SEQUENCES`` running-sum sequences at once (the ``sequence`` row's load): each client sends
+    its steps one after another with its id in TorchServe's header, the first with the START one."""
+    started: set[int] = set()
+
+    def scope_of(i: int) -> dict[str, Any]:
+        own = [*headers, (b"ts_request_sequence_id", b"s%d" % i)]
+        if i not in started:
+            started.add(i)
+            own.append((b"ts_request_sequence_start", b"true"))
+        return {**scope, "headers": own}
+
+    async def loops(total: int) -> None:
+        left = [total]
+
+        async def client(i: int) -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await app(scope_of(i), receive, send)
+
+        await asyncio.gather(*(client(i) for i in range(SEQUENCES)))
+
+    await loops(WARM_UP * 10)
+    os.getppid()  # callgrind: --zero-before=getppid
+    await loops(requests)
+    os.getpgrp()  # callgrind: --dump-before=getpgrp
 
 
 def count(checkout: Path, requests: int, kind: str, bare: bool) -> float:
@@ -128,7 +173,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--kind", choices=("json", "binary", "sequence"), default="json")
+    parser.add_argument("--kind", choices=("json", "binary", "sequence", "running-sum"), default="json")
     parser.add_argument("--baseline", help="another checkout of this project, counted the same way")
     parser.add_argument("--bare", action="store_true", help="also count the bare Starlette echo app")
     parser.add_argument("--drive", type=int, help=argparse.SUPPRESS)

@@ -98,6 +98,27 @@ def set_extra(parameters: Parameters, name: str, value: Any) -> None:
 
 _NOT_EXTRA = frozenset(Parameters.model_fields) | frozenset(dir(Parameters))
 
+_new = object.__new__
+# the setters of BaseModel's slots (what pydantic's model_construct sets, without the look-ups)
+_set_dict = vars(BaseModel)["__dict__"].__set__
+_set_fields_set = vars(BaseModel)["__pydantic_fields_set__"].__set__
+_set_extra_slot = vars(BaseModel)["__pydantic_extra__"].__set__
+_set_private = vars(BaseModel)["__pydantic_private__"].__set__
+_PARAMETER_DEFAULTS = {name: field.default for name, field in Parameters.model_fields.items()}
+
+
+def extra_parameters(extra: dict[str, Any]) -> Parameters:
+    """``Parameters(**extra)`` when no name in ``extra`` is one of Parameters' fields or attributes
+    (free-form names: the sequence parameters): the instance pydantic's validation makes (it keeps
+    extras as given, the fields at their defaults), without the validation. ``extra`` becomes the
+    instance's own extras (the caller hands over a fresh dict)."""
+    parameters = _new(Parameters)
+    _set_dict(parameters, _PARAMETER_DEFAULTS.copy())
+    _set_fields_set(parameters, set(extra))
+    _set_extra_slot(parameters, extra)
+    _set_private(parameters, None)
+    return parameters
+
 
 class TensorData(RootModel[Any]):
     """A tensor's data as MLServer models it; kept for code that imports the name."""

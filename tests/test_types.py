@@ -1,8 +1,16 @@
-"""``set_field`` and ``set_extra`` do what pydantic's ``setattr`` does on these models."""
+"""``set_field`` and ``set_extra`` do what pydantic's ``setattr`` does on these models; ``extra_parameters``
+what its validation makes."""
 
 from __future__ import annotations
 
-from runtime.types import InferenceResponse, Parameters, ResponseOutput, set_extra, set_field
+from runtime.types import (
+    InferenceResponse,
+    Parameters,
+    ResponseOutput,
+    extra_parameters,
+    set_extra,
+    set_field,
+)
 
 
 def test_set_extra_is_setattr() -> None:
@@ -25,3 +33,19 @@ def test_set_field_is_setattr() -> None:
     through.outputs[0].data = [2.0]
     assert direct.model_dump() == through.model_dump()
     assert direct.model_fields_set == through.model_fields_set
+
+
+def test_extra_parameters_is_validation() -> None:
+    values = {"sequence_id": "s1", "sequence_replica": "r0", "sequence_end": True}
+    built, validated = extra_parameters(dict(values)), Parameters(**values)
+    assert type(built) is Parameters
+    assert built.model_dump() == validated.model_dump()
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert built.model_extra == validated.model_extra == values
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.__pydantic_private__ == validated.__pydantic_private__
+    assert built == validated
+    empty = extra_parameters({})
+    assert empty == Parameters() and empty.model_fields_set == set() and empty.model_extra == {}
+    set_extra(empty, "sequence_id", 3)  # its extras are its own, as a validated instance's
+    assert empty.model_extra == {"sequence_id": 3} and empty.model_fields_set == {"sequence_id"}

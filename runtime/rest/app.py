@@ -21,7 +21,7 @@ from ..sequences.identity import apply_headers
 from ..types import InferenceRequest
 from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from .disconnect import cancel_on_disconnect
-from .sequence import read_sequence_headers, sequence_headers
+from .sequence import raw_sequence_headers, read_sequence_headers
 from .status import headers_of, status_of
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class RestApi:
         if headers:
             raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         if response.parameters is not None:  # only a response with parameters has sequence headers
-            raw += [(k.encode(), v.encode()) for k, v in sequence_headers(response).items()]
+            raw += raw_sequence_headers(response)
         return (
             {"type": "http.response.start", "status": 200, "headers": raw},
             {"type": "http.response.body", "body": body},

@@ -128,9 +128,27 @@ def _flag(parameters: Parameters | None, key: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+_PLAIN_VALUES = frozenset({str, int, bool, float})
+"""Extra values pydantic dumps as they are (exactly these types: not a subclass such as UInt64)."""
+
+
 def _parameters(parameters: Parameters | None) -> dict[str, Any] | None:
     if parameters is None:
         return None
+    # the common case (a sequence's answer: only extras, each a plain value) without pydantic's
+    # serializer: what model_dump(exclude_none=True) gives for it
+    extra = parameters.__pydantic_extra__
+    if extra is not None and type(parameters) is Parameters:
+        values = parameters.__dict__
+        if values["content_type"] is None and values["headers"] is None and len(values) == 2:
+            data = {}
+            for name, value in extra.items():
+                if type(value) in _PLAIN_VALUES:
+                    data[name] = value
+                elif value is not None:
+                    break
+            else:
+                return data or None
     data = parameters.model_dump(exclude_none=True)
     return data or None
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..sequences.identity import HEADERS, STEP, apply_headers, response_headers
+from ..sequences.identity import END, HEADERS, ID, REPLICA, STEP, apply_headers, response_headers
 from ..types import InferenceRequest, InferenceResponse
 
 _PREFIX = b"ts_request_sequence_"
 _STEP = STEP.encode()
+_REPLICA = REPLICA.encode()
 
 
 def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
@@ -40,4 +41,20 @@ def sequence_headers(response: InferenceResponse) -> dict[str, str]:
     return response_headers(response)
 
 
-__all__ = ["HEADERS", "read_sequence_headers", "sequence_headers"]
+def raw_sequence_headers(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
+    """``sequence_headers(response)`` as an ASGI response's raw headers (UTF-8), in one call."""
+    parameters = response.parameters
+    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    if not extra or ID not in extra:
+        return []
+    echo = extra[ID]
+    raw = [(b"ts_request_sequence_id", (echo if type(echo) is str else str(echo)).encode())]
+    if extra.get(END) is True:
+        raw.append((b"ts_request_sequence_end", b"true"))
+    replica = extra.get(REPLICA)
+    if replica is not None:
+        raw.append((_REPLICA, str(replica).encode()))
+    return raw
+
+
+__all__ = ["HEADERS", "raw_sequence_headers", "read_sequence_headers", "sequence_headers"]

@@ -51,20 +51,26 @@ class OneInFlight:
         """Up to ``limit`` head requests of ready sequences, oldest first; each sequence becomes running."""
         engine = self.engine
         assert engine is not None
+        table = engine.table
+        active = table.active  # engine.current(seq), without its two calls: active.get(key) is seq
+        ready = self._ready
+        pop = heapq.heappop
         taken: list[Pending] = []
-        while self._ready and len(taken) < limit:
-            arrival, seq = heapq.heappop(self._ready)
+        while ready and len(taken) < limit:
+            arrival, seq = pop(ready)
             seq.in_ready = False
-            if seq.running is not None or not seq.queue or not engine.current(seq):
+            queue = seq.queue
+            if seq.running is not None or not queue or active.get(seq.key) is not seq:
                 continue
-            head = seq.queue[0]
+            head = queue[0]
             if head.future.done():  # cancelled, its callback not yet run
                 engine.cancel(head)
                 continue
             if head.arrival != arrival:
                 self.ready(seq)
                 continue
-            engine.withdraw(head)
+            queue.popleft()  # engine.withdraw(head), knowing it is the head
+            table.queued -= 1
             head.running = True
             seq.running = head
             taken.append(head)

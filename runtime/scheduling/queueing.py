@@ -55,7 +55,7 @@ def queue_timeout(request: InferenceRequest, default: float) -> float | None:
     own ``timeout`` parameter (uint64 microseconds; 0 means none); None for no limit."""
     limit = default if default > 0 else None
     params = request.parameters
-    extra = params.model_extra if params is not None else None
+    extra = params.__pydantic_extra__ if params is not None else None  # model_extra, without the property
     if not extra or TIMEOUT_PARAMETER not in extra:
         return limit
     value = extra[TIMEOUT_PARAMETER]

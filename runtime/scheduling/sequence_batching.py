@@ -240,14 +240,15 @@ class SequenceScheduler(Scheduler):
         await engine.deliver_notices()
         # retried and out-of-order steps are answered here; with a shared store, each sequence is claimed
         runs = await engine.prepare(batch)
-        batch = [pending for pending, _state in runs]
-        if not batch:
+        if not runs:
             self._quiet.set()
             return
-        steps = [
-            SequenceStep(p.request, p.control.key, p.control.start, p.control.end, state) for p, state in runs
-        ]
-        for pending in batch:
+        batch = []
+        steps = []
+        for pending, state in runs:
+            control = pending.control
+            batch.append(pending)
+            steps.append(SequenceStep(pending.request, control.key, control.start, control.end, state))
             pending.sequence.live = True
         self._running = len(batch)
         self.batches += 1
@@ -272,13 +273,15 @@ class SequenceScheduler(Scheduler):
         # keep the new states, then answer the callers (a state that could not be kept fails its
         # batch rather than leave a sequence to go on from a stale state), then tell the model of
         # the sequences that ended: END is served first, then the model is told
-        ends = [
-            step.ends if isinstance(result, InferenceResponse) else pending.control.end
-            for pending, step, result in zip(batch, steps, results, strict=True)
-        ]
-        for pending, result, ended in zip(batch, results, ends, strict=True):
+        replica = engine.replica
+        ends = []
+        for pending, step, result in zip(batch, steps, results, strict=True):
             if isinstance(result, InferenceResponse):
-                mark_response(result, pending.control, ended, engine.replica)
+                ended = step.ends
+                mark_response(result, pending.control, ended, replica)
+            else:
+                ended = pending.control.end
+            ends.append(ended)
         evicted = await engine.commit(batch, steps, results, ends)
         ok = [isinstance(result, InferenceResponse) for result in results]
         for pending, result in zip(batch, results, strict=True):

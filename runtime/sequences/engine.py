@@ -113,6 +113,8 @@ class SequenceEngine:
         server, which keeps which worker holds which open sequence."""
         self._notices: deque[tuple[str, EndReason]] = deque()
         self._arrivals = itertools.count()
+        self._local = self.shared is None
+        """The states live in this process only (``shared`` is None), asked once."""
 
     @property
     def shared(self) -> SharedStateStore | None:
@@ -147,23 +149,26 @@ class SequenceEngine:
         A retry of the last numbered step of a sequence that ended here is answered at once, from
         that step's stored answer (with a shared store the claim finds it in the store)."""
         loop = asyncio.get_running_loop()
-        if self.shared is None and (answer := self.table.replay(control)) is not None:
+        table = self.table
+        # (only a numbered step may be a retry: no call for the others)
+        if control.step is not None and self._local and (answer := table.replay(control)) is not None:
             done = Pending(
                 request, control, Sequence(control.key), next(self._arrivals), loop.create_future()
             )
             self._replay(done, answer)
             return done
-        seq, replaces = self.table.admit(control)
+        seq, replaces = table.admit(control)
         pending = Pending(request, control, seq, next(self._arrivals), loop.create_future(), replaces)
         seq.queue.append(pending)
-        self.table.queued += 1
-        seq.stop_idle()
+        table.queued += 1
+        seq.idle_since = None  # seq.stop_idle(), without the call
         if control.start and self.life_s:
             if seq.life_timer is not None:
                 seq.life_timer.cancel()
             seq.life_timer = loop.call_later(self.life_s, self._on_lifetime, seq)
-        if not self.strategy.busy(seq):
-            self.strategy.ready(seq)
+        strategy = self.strategy
+        if not strategy.busy(seq):
+            strategy.ready(seq)
         return pending
 
     def withdraw(self, pending: Pending) -> bool:
@@ -223,18 +228,24 @@ class SequenceEngine:
     async def prepare(self, batch: list[Pending]) -> list[tuple[Pending, Any]]:
         """The requests of ``batch`` (one per sequence, each running) that run now, with their states;
         the others are answered here and their sequences go on (see the module docstring)."""
-        runs: list[tuple[Pending, Any]] = []
+        runs: list[Pending] = []
+        keys: list[str] = []  # of the sequences that go on: their states are loaded
         for pending in batch:
-            if pending.control.step is not None and self._answered_from_steps(
+            control = pending.control
+            if control.step is not None and self._answered_from_steps(
                 pending, pending.sequence.step, pending.sequence.answer
             ):
                 continue
-            if pending.control.start and pending.sequence.live:  # else opening has nothing to do
-                await self.opening(pending)
-            runs.append((pending, None))
-        keys = [p.control.key for p, _ in runs if not p.control.start]
-        loaded = iter(await self.store.load(keys)) if keys else iter(())
-        return [(p, None if p.control.start else next(loaded)) for p, _ in runs]
+            if control.start:
+                if pending.sequence.live:  # else opening has nothing to do
+                    await self.opening(pending)
+            else:
+                keys.append(control.key)
+            runs.append(pending)
+        if not keys:
+            return [(p, None) for p in runs]
+        loaded = iter(await self.store.load(keys))
+        return [(p, None if p.control.start else next(loaded)) for p in runs]
 
     def _unrun(self, pending: Pending, outcome: InferenceResponse | Exception) -> None:
         """Answer a request that was taken to run but does not run, and free its sequence."""
@@ -333,7 +344,7 @@ class SequenceEngine:
         whose state is where it belongs: its next request may run, or its idle time starts."""
         if seq.queue:
             self.strategy.ready(seq)
-        elif self.idle_s and seq.live and self.current(seq):
+        elif self.idle_s and seq.live and self.table.active.get(seq.key) is seq:  # current(seq)
             self._start_idle(seq)
 
     def released(self, seq: Sequence) -> None:

@@ -24,7 +24,14 @@ from typing import Any
 
 from ..errors import SequenceError
 from ..ids import new_secret_id
-from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra, set_field
+from ..types import (
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    extra_parameters,
+    set_extra,
+    set_field,
+)
 
 ID = "sequence_id"
 START = "sequence_start"
@@ -35,6 +42,8 @@ FIELDS = (ID, START, END, STEP)
 
 MAX_ID_BYTES = 128
 MAX_INT_ID = 2**64 - 1
+_SHORT_ID = MAX_ID_BYTES // 4
+"""An id of at most this many code points is at most MAX_ID_BYTES in UTF-8."""
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -55,6 +64,26 @@ class SequenceControl:
     """True when the server made the id (a START without one)."""
     step: int | None = None
     """The client's number for this step (``sequence_step``), or None when it numbers none."""
+
+
+_new = object.__new__
+_SET_KEY, _SET_ECHO, _SET_START, _SET_END, _SET_GENERATED, _SET_STEP = (
+    vars(SequenceControl)[name].__set__ for name in ("key", "echo", "start", "end", "generated", "step")
+)
+
+
+def _control(key: str, echo: SequenceId, start: bool, end: bool, step: int | None) -> SequenceControl:
+    """``SequenceControl(key=key, echo=echo, start=start, end=end, step=step)``: the same frozen
+    instance, its slots set directly (the frozen dataclass's ``__init__`` goes through
+    ``object.__setattr__`` by name for each field: twice the cost, once per request)."""
+    control = _new(SequenceControl)
+    _SET_KEY(control, key)
+    _SET_ECHO(control, echo)
+    _SET_START(control, start)
+    _SET_END(control, end)
+    _SET_GENERATED(control, False)
+    _SET_STEP(control, step)
+    return control
 
 
 def _extra(parameters: Parameters | None) -> dict[str, Any]:
@@ -117,7 +146,7 @@ def _id(value: Any) -> SequenceId | None:
     if value == "":
         return None
     # a code point takes at most 4 bytes in UTF-8 (a lone surrogate 3): a short id needs no encoding
-    if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    if len(value) > _SHORT_ID and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise SequenceError(f"sequence_id must be at most {MAX_ID_BYTES} bytes, got {len(value.encode())}")
     if not value.isprintable():
         raise SequenceError(f"sequence_id must be printable text, got {value!r}")
@@ -126,10 +155,14 @@ def _id(value: Any) -> SequenceId | None:
 
 def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     """The request's sequence fields, or None when the request is not part of a sequence."""
-    extra = _extra(parameters)
-    if ID not in extra and START not in extra and END not in extra:
+    # the extras themselves (what model_extra answers, without the property)
+    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    if not extra or (ID not in extra and START not in extra and END not in extra):
         return None
-    given = _id(extra.get(ID))
+    given = extra.get(ID)
+    # the common id without a call: short printable text (what _id lets through as it is)
+    if type(given) is not str or not 0 < len(given) <= _SHORT_ID or not given.isprintable():
+        given = _id(given)
     start = extra.get(START)
     if start is not True:  # the common cases without a call: absent, or a boolean
         start = start is not None and start is not False and _flag(start, START)
@@ -139,10 +172,10 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     step = extra.get(STEP)
     if step is not None:
         step = _step(step)
-    if step is not None and start and step != 1:
-        raise SequenceError(
-            f"A request with sequence_start=true is step 1 of its sequence, not {STEP}={step}"
-        )
+        if start and step != 1:
+            raise SequenceError(
+                f"A request with sequence_start=true is step 1 of its sequence, not {STEP}={step}"
+            )
     if given is None:
         if not start:
             if end:
@@ -150,7 +183,7 @@ def parse_control(parameters: Parameters | None) -> SequenceControl | None:
             return None
         made = f"seq-{new_secret_id()}"
         return SequenceControl(key=made, echo=made, start=True, end=end, generated=True, step=step)
-    return SequenceControl(key=str(given), echo=given, start=start, end=end, step=step)
+    return _control(given if type(given) is str else str(given), given, start, end, step)
 
 
 def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any]) -> None:
@@ -163,16 +196,19 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         return
     parameters = request.parameters
     if parameters is None:
-        parameters = Parameters()
+        # the common case (no parameters in the body): the fields go into fresh parameters, built
+        # as validating them would (extras are kept as given) and filled as set_extra would
+        extra: dict[str, Any] = {}
+        parameters = extra_parameters(extra)
         set_field(request, "parameters", parameters)
+        given = parameters.__pydantic_fields_set__
+        for name, value in fields.items():
+            extra[name] = _transport_value(name, value)
+            given.add(name)
+        return
     extra = _extra(parameters)
     for name, value in fields.items():
-        if name not in FIELDS:
-            raise ValueError(f"{name!r} is not a sequence field")
-        if name == STEP:
-            value = _text_step(value)
-        elif name != ID:
-            value = _text_flag(value, name)
+        value = _transport_value(name, value)
         if name not in extra or extra[name] is None:
             set_extra(parameters, name, value)
             continue
@@ -188,6 +224,22 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
             )
 
 
+_TEXT_FLAGS = {"true": True, "false": False}
+"""The usual spellings of a flag in a header, answered without a call."""
+
+
+def _transport_value(name: str, value: Any) -> Any:
+    """A sequence field as a transport gave it, parsed (ids are checked later, by parse_control)."""
+    if name == ID:
+        return value
+    if name == START or name == END:
+        flag = _TEXT_FLAGS.get(value) if type(value) is str else None
+        return flag if flag is not None else _text_flag(value, name)
+    if name == STEP:
+        return _text_step(value)
+    raise ValueError(f"{name!r} is not a sequence field")
+
+
 HEADERS = {
     "ts_request_sequence_id": ID,
     "ts_request_sequence_start": START,
@@ -199,7 +251,11 @@ HEADERS = {
 
 def apply_headers(request: InferenceRequest, headers: Iterable[tuple[str, str]]) -> None:
     """Merge the sequence headers among ``headers`` (lower-case names) into the request's parameters."""
-    fields = {HEADERS[name]: value for name, value in headers if name in HEADERS}
+    fields = {}
+    for name, value in headers:
+        field = HEADERS.get(name)
+        if field is not None:
+            fields[field] = value
     if fields:
         apply_transport_fields(request, fields)
 
@@ -207,10 +263,12 @@ def apply_headers(request: InferenceRequest, headers: Iterable[tuple[str, str]])
 def response_headers(response: InferenceResponse) -> dict[str, str]:
     """The headers (HTTP) / metadata (gRPC) that echo a sequence response's id, end and replica,
     for routers in front of replicas and for clients that let the server make the id."""
-    extra = response.parameters.model_extra if response.parameters is not None else None
+    parameters = response.parameters
+    extra = parameters.__pydantic_extra__ if parameters is not None else None
     if not extra or ID not in extra:
         return {}
-    headers = {"ts_request_sequence_id": str(extra[ID])}
+    echo = extra[ID]
+    headers = {"ts_request_sequence_id": echo if type(echo) is str else str(echo)}
     if extra.get(END) is True:
         headers["ts_request_sequence_end"] = "true"
     replica = extra.get(REPLICA)
@@ -224,18 +282,19 @@ def mark_response(
 ) -> None:
     """Echo the sequence id (in the client's type) and, on the last response, ``sequence_end: true``;
     with replicas sharing the states, name the ``replica`` that served the step (``sequence_replica``)."""
-    if response.parameters is None:
-        values: dict[str, Any] = {"sequence_id": control.echo}
+    parameters = response.parameters
+    if parameters is None:
+        values: dict[str, Any] = {ID: control.echo}
         if replica is not None:
-            values["sequence_replica"] = replica
+            values[REPLICA] = replica
         if ended:
-            values["sequence_end"] = True
-        set_field(response, "parameters", Parameters(**values))
+            values[END] = True
+        set_field(response, "parameters", extra_parameters(values))
         return
-    set_extra(response.parameters, "sequence_id", control.echo)
+    set_extra(parameters, ID, control.echo)
     if replica is not None:
-        set_extra(response.parameters, "sequence_replica", replica)
+        set_extra(parameters, REPLICA, replica)
     if ended:
-        set_extra(response.parameters, "sequence_end", True)
-    elif "sequence_end" in (response.parameters.model_extra or {}):
-        del response.parameters.model_extra["sequence_end"]  # type: ignore[union-attr]
+        set_extra(parameters, END, True)
+    elif END in (parameters.model_extra or {}):
+        del parameters.model_extra[END]  # type: ignore[union-attr]

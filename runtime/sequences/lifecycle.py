@@ -157,7 +157,8 @@ class Sequences:
             if seq.closed is not None:
                 self.rejected["ended"] += 1
                 raise SequenceError(ended_message(control.echo, seq.closed))
-            self._check_room(seq, control)
+            if len(seq.queue) >= self.max_queue:  # the check of _check_room, without its call
+                self._check_room(seq, control)
         if control.end:
             seq.closed = "end"
         return seq, replaces

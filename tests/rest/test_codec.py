@@ -9,9 +9,10 @@ import orjson
 import pytest
 
 from runtime.errors import InvalidInput
+from runtime.rest import codec
 from runtime.rest.codec import encode_response, parse_json, parse_request, split_body
 from runtime.tensors import to_json_data
-from runtime.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
+from runtime.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput, UInt64
 
 
 def test_parse_json_accepts_non_finite_tokens_and_refuses_malformed_json() -> None:
@@ -195,3 +196,32 @@ def test_a_null_elsewhere_with_finite_floats_changes_nothing() -> None:
     body, _ = encode_response(response, None)
     assert orjson.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
     assert body == _checked_everywhere(response)
+
+
+class _Named(Parameters):
+    pass
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        Parameters(),
+        Parameters(a=None),
+        Parameters(sequence_id="s", sequence_end=True),
+        Parameters(sequence_id=7, sequence_replica="r1", sequence_end=False),
+        Parameters(x=1.5, z=None, w=3),
+        Parameters(content_type="np", a=1),
+        Parameters(headers={"h": "v"}),
+        Parameters(u=UInt64(5)),
+        Parameters(items=[1, None], nested={"a": None}),
+        Parameters(inner=Parameters(a=None, b=1)),
+        _Named(a=1),
+    ],
+)
+def test_parameters_are_written_as_pydantic_dumps_them(parameters: Parameters) -> None:
+    """The direct path for plain extras writes what model_dump(exclude_none=True) gives, in its order."""
+    written = codec._parameters(parameters)
+    dumped = parameters.model_dump(exclude_none=True) or None
+    assert written == dumped
+    assert list(written or {}) == list(dumped or {})
+    assert [type(v) for v in (written or {}).values()] == [type(v) for v in (dumped or {}).values()]

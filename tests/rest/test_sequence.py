@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.rest.sequence import read_sequence_headers, sequence_headers
+from runtime.rest.sequence import raw_sequence_headers, read_sequence_headers, sequence_headers
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 
@@ -58,3 +58,22 @@ def test_a_sequence_response_echoes_its_id_end_and_replica() -> None:
         "ts_request_sequence_end": "true",
         "sequence_replica": "r1",
     }
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        None,
+        Parameters(),
+        Parameters(content_type="np"),
+        Parameters(sequence_id="abc"),
+        Parameters(sequence_id=7, sequence_end=True),
+        Parameters(sequence_id="é", sequence_end=False, sequence_replica="r1"),
+        Parameters(sequence_id="s", sequence_end="true", sequence_replica=3),
+        Parameters(sequence_end=True),
+    ],
+)
+def test_the_raw_headers_are_the_sequence_headers_encoded(parameters: Parameters | None) -> None:
+    response = InferenceResponse(model_name="m", outputs=[], parameters=parameters)
+    expected = [(k.encode(), v.encode()) for k, v in sequence_headers(response).items()]
+    assert raw_sequence_headers(response) == expected

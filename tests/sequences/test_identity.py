@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from runtime.errors import SequenceError
 from runtime.sequences import LRUStateStore, parse_control
-from runtime.sequences.identity import SequenceControl, apply_transport_fields, mark_response
+from runtime.sequences.identity import (
+    SequenceControl,
+    _control,
+    _id,
+    apply_transport_fields,
+    mark_response,
+)
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 
@@ -107,6 +114,97 @@ def test_responses_echo_the_id_and_mark_the_end() -> None:
     assert response.parameters.model_dump(exclude_none=True) == {"sequence_id": 9, "sequence_end": True}
 
 
+def _outcome(request: InferenceRequest, fields: dict[str, Any]) -> Any:
+    """What ``apply_transport_fields`` leaves: the parameters as dumped, the fields set, or the error."""
+    try:
+        apply_transport_fields(request, fields)
+    except (SequenceError, ValueError) as exc:
+        outcome: Any = (type(exc), str(exc))
+    else:
+        outcome = None
+    parameters = request.parameters
+    assert parameters is not None
+    return outcome, parameters.model_dump(), parameters.model_extra, parameters.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"sequence_id": "s1"},
+        {"sequence_id": "s1", "sequence_start": "true"},
+        {"sequence_start": "TRUE", "sequence_id": "s1", "sequence_end": " false "},
+        {"sequence_id": "s1", "sequence_end": "yes", "sequence_step": "3"},
+        {"sequence_id": "s1", "sequence_start": "1", "sequence_step": " 1 "},
+        {"sequence_id": "s1", "sequence_start": "maybe"},
+        {"sequence_id": "s1", "sequence_end": ""},
+        {"sequence_id": "s1", "sequence_step": "x"},
+        {"sequence_id": "s1", "sequence_step": "0"},
+        {"sequence_id": "s1", "sequence_start": "true", "other": "1"},
+        {"other": "1"},
+        {"sequence_start": True},
+        {"sequence_end": 1},
+    ],
+)
+def test_transport_fields_into_a_request_without_parameters_as_into_empty_ones(
+    fields: dict[str, Any],
+) -> None:
+    """The fast path (no parameters in the body: fresh ones built without validation) leaves what
+    filling empty validated parameters leaves, errors (and what was set before them) included."""
+    bare = InferenceRequest(inputs=[])
+    empty = InferenceRequest(inputs=[], parameters=Parameters())
+    assert _outcome(bare, fields) == _outcome(empty, fields)
+    assert type(bare.parameters) is Parameters
+    assert "parameters" in bare.model_fields_set
+
+
+@pytest.mark.parametrize("ended", [False, True])
+@pytest.mark.parametrize("replica", [None, "r1"])
+@pytest.mark.parametrize("echo", ["s1", 7])
+def test_marking_a_response_without_parameters_is_validating_them(
+    echo: Any, replica: str | None, ended: bool
+) -> None:
+    parsed = control(sequence_id=echo)
+    assert parsed is not None
+    response = InferenceResponse(outputs=[])
+    mark_response(response, parsed, ended, replica)
+    values: dict[str, Any] = {"sequence_id": echo}
+    if replica is not None:
+        values["sequence_replica"] = replica
+    if ended:
+        values["sequence_end"] = True
+    expected = Parameters(**values)
+    assert response.parameters == expected
+    assert response.parameters is not None
+    assert response.parameters.model_fields_set == expected.model_fields_set
+    assert list(response.parameters.model_extra or {}) == list(values)
+    assert "parameters" in response.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["x" * 32, "x" * 33, "é" * 32, "é" * 33, "\ud800" * 32, "\ud800" * 33, "tab\there", "a\x00", " "],
+)
+def test_short_ids_parse_as_any_id(given: str) -> None:
+    """Short printable ids skip the id check's call: same key, echo and errors as the check gives."""
+    try:
+        expected: Any = _id(given)
+    except SequenceError as exc:
+        with pytest.raises(SequenceError) as raised:
+            control(sequence_id=given)
+        assert str(raised.value) == str(exc)
+        return
+    parsed = control(sequence_id=given)
+    assert parsed is not None and parsed.key == expected and parsed.echo is given
+
+
+def test_a_string_subclass_id_keys_as_plain_text() -> None:
+    class Text(str):
+        pass
+
+    parsed = control(sequence_id=Text("s1"))
+    assert parsed is not None and type(parsed.key) is str and parsed.key == "s1"
+
+
 @pytest.mark.anyio
 async def test_lru_store_evicts_the_least_recently_used_and_says_so() -> None:
     store = LRUStateStore(2)
@@ -118,3 +216,22 @@ async def test_lru_store_evicts_the_least_recently_used_and_says_so() -> None:
     assert await store.pop("a") is None
     assert await store.clear() == [("c", 3)]
     assert len(store) == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "echo", "start", "end", "step"),
+    [("s1", "s1", True, False, None), ("42", 42, False, True, 3), ("x", "x", False, False, 1)],
+)
+def test_a_parsed_control_is_the_dataclass_built_by_its_constructor(
+    key: str, echo: Any, start: bool, end: bool, step: int | None
+) -> None:
+    built = _control(key, echo, start, end, step)
+    expected = SequenceControl(key=key, echo=echo, start=start, end=end, step=step)
+    assert type(built) is SequenceControl
+    assert built == expected and hash(built) == hash(expected) and repr(built) == repr(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.key = "other"  # type: ignore[misc]
+    params: dict[str, Any] = {"sequence_id": echo, "sequence_start": start, "sequence_end": end}
+    if step is not None:
+        params["sequence_step"] = step
+    assert control(**params) == expected
