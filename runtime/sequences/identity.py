@@ -146,8 +146,10 @@ def _id(value: Any) -> SequenceId | None:
     if value == "":
         return None
     # a code point takes at most 4 bytes in UTF-8 (a lone surrogate 3): a short id needs no encoding
-    if len(value) > _SHORT_ID and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        raise SequenceError(f"sequence_id must be at most {MAX_ID_BYTES} bytes, got {len(value.encode())}")
+    if len(value) > _SHORT_ID:
+        size = len(value.encode("utf-8", "surrogatepass"))  # (a lone surrogate counts its 3 bytes)
+        if size > MAX_ID_BYTES:
+            raise SequenceError(f"sequence_id must be at most {MAX_ID_BYTES} bytes, got {size}")
     if not value.isprintable():
         raise SequenceError(f"sequence_id must be printable text, got {value!r}")
     return value

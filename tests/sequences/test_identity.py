@@ -235,3 +235,9 @@ def test_a_parsed_control_is_the_dataclass_built_by_its_constructor(
     if step is not None:
         params["sequence_step"] = step
     assert control(**params) == expected
+
+
+def test_a_long_id_with_a_lone_surrogate_is_refused_by_its_size() -> None:
+    """A lone surrogate takes 3 bytes when the size is counted: the error says so, never a UnicodeEncodeError."""
+    with pytest.raises(SequenceError, match="must be at most 128 bytes, got 129"):
+        parse_control(Parameters(sequence_id="a" * 126 + "\udc80"))
