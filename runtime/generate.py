@@ -31,7 +31,7 @@ FinishReason = Literal["length", "eos_token", "stop_sequence"]
 class GenerateParameters(BaseModel):
     """The generate parameters the OIP names; any other key is kept and passed to the model."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built by the first generate request
 
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
@@ -43,7 +43,7 @@ class GenerateParameters(BaseModel):
 class GenerateRequest(BaseModel):
     """The body of POST .../generate and .../generate_stream (OIP generate extension)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)  # built by the first generate request
 
     id: str | None = None
     text_input: str

@@ -24,6 +24,11 @@ class _Base(BaseModel):
     )
 
 
+_LATER = ConfigDict(defer_build=True)
+"""The config of the models that no start-up and no infer request needs (metadata, errors, the
+repository index): their validators are built by their first use, not when the server starts."""
+
+
 class Datatype(str, Enum):
     """The tensor datatypes of the protocol (BF16 is Triton's addition)."""
 
@@ -174,6 +179,8 @@ class MetadataTensor(_Base):
 
 
 class MetadataModelResponse(_Base):
+    model_config = _LATER
+
     name: str
     versions: list[str] | None = None
     platform: str = ""
@@ -183,20 +190,28 @@ class MetadataModelResponse(_Base):
 
 
 class MetadataServerResponse(_Base):
+    model_config = _LATER
+
     name: str
     version: str
     extensions: list[str]
 
 
 class MetadataServerErrorResponse(_Base):
+    model_config = _LATER
+
     error: str
 
 
 class MetadataModelErrorResponse(_Base):
+    model_config = _LATER
+
     error: str
 
 
 class InferenceErrorResponse(_Base):
+    model_config = _LATER
+
     error: str | None = None
 
 
@@ -211,10 +226,14 @@ class State(str, Enum):
 
 
 class RepositoryIndexRequest(_Base):
+    model_config = _LATER
+
     ready: bool | None = None
 
 
 class RepositoryIndexResponseItem(_Base):
+    model_config = _LATER
+
     name: str
     version: str | None = None
     state: State

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import runtime
 from runtime.cli import main
@@ -117,6 +118,41 @@ def test_an_echo_server_imports_what_only_other_models_or_calls_need_on_first_us
     loaded, echoed = json.loads(_python(ECHO_SERVER, str(EXAMPLES / "echo"), json.dumps(NOT_FOR_ECHO)))
     assert loaded == []
     assert echoed == [[1.0, 2.0]]
+
+
+LATER_MODELS = [
+    "runtime.types.MetadataModelResponse",
+    "runtime.types.MetadataServerResponse",
+    "runtime.types.MetadataServerErrorResponse",
+    "runtime.types.MetadataModelErrorResponse",
+    "runtime.types.InferenceErrorResponse",
+    "runtime.types.RepositoryIndexRequest",
+    "runtime.types.RepositoryIndexResponseItem",
+    "runtime.generate.GenerateParameters",
+    "runtime.generate.GenerateRequest",
+]
+
+
+def test_models_that_start_up_and_infer_do_not_use_are_built_by_their_first_use() -> None:
+    code = ECHO_SERVER.replace(  # looked at after the server started and answered a request
+        "    await server.stop()\n",
+        "    import importlib\n"
+        "    loaded = [p for p in json.loads(sys.argv[2]) if getattr(importlib.import_module("
+        "p.rsplit('.', 1)[0]), p.rsplit('.', 1)[1]).__pydantic_complete__]\n"
+        "    await server.stop()\n",
+    )
+    assert "importlib" in code
+    built, echoed = json.loads(_python(code, str(EXAMPLES / "echo"), json.dumps(LATER_MODELS)))
+    assert built == []  # neither the start nor an infer request built them
+    assert echoed == [[1.0, 2.0]]
+    from runtime.generate import GenerateRequest
+    from runtime.types import MetadataServerResponse, RepositoryIndexRequest
+
+    assert RepositoryIndexRequest.model_validate_json(b'{"ready": true}').ready is True
+    assert MetadataServerResponse(name="n", version="1", extensions=[]).model_dump()["name"] == "n"
+    assert GenerateRequest.model_validate({"text_input": "t", "parameters": {"x": 1}}).parameters is not None
+    with pytest.raises(ValidationError):
+        GenerateRequest.model_validate({"parameters": {"max_tokens": 0}})
 
 
 def _main(argv: list[str]) -> object:
