@@ -21,11 +21,11 @@ from .converters import (
     model_metadata_to_proto,
     repository_index_to_proto,
     request_from_proto,
-    response_bytes,
     response_to_proto,
     server_metadata_to_proto,
 )
 from .generated import dataplane_pb2 as pb
+from .response_writer import response_bytes
 from .status_codes import code_of, status_message, trailers_of
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.grpc import converters
-from runtime.grpc.converters import request_from_proto, response_bytes, response_to_proto
+from runtime.grpc import converters, response_writer
+from runtime.grpc.converters import request_from_proto, response_to_proto
 from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.grpc.response_writer import response_bytes
 from runtime.types import (
     Datatype,
     InferenceRequest,
@@ -402,13 +403,13 @@ def test_outputs_the_cache_knows_under_another_datatype_are_written_afresh() -> 
 
 def test_only_short_output_names_are_cached() -> None:
     """An echo model names its outputs after what a client sent: long names are written, never kept."""
-    long_name = "x" * (converters._CACHED_NAME + 1)
+    long_name = "x" * (response_writer._CACHED_NAME + 1)
     response = InferenceResponse(model_name="m", outputs=[_output(long_name, "FP32", np.ones(2, np.float32))])
     assert response_bytes(response, True) == response_to_proto(response, True).SerializeToString()
-    assert long_name not in converters._TENSORS
+    assert long_name not in response_writer._TENSORS
     short = InferenceResponse(model_name="m", outputs=[_output("short", "FP32", np.ones(2, np.float32))])
     assert response_bytes(short, True) == response_to_proto(short, True).SerializeToString()
-    assert "short" in converters._TENSORS
+    assert "short" in response_writer._TENSORS
 
 
 def _unchecked(cls: Any, **fields: Any) -> Any:
