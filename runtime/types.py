@@ -10,7 +10,7 @@ then on, and for everything a model receives, it is a numpy array of the tensor'
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, RootModel
 
@@ -111,18 +111,32 @@ _set_extra_slot = vars(BaseModel)["__pydantic_extra__"].__set__
 _set_private = vars(BaseModel)["__pydantic_private__"].__set__
 _PARAMETER_DEFAULTS = {name: field.default for name, field in Parameters.model_fields.items()}
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def built(
+    cls: type[_M], values: dict[str, Any], fields_set: set[str], extra: dict[str, Any] | None = None
+) -> _M:
+    """An instance of ``cls`` holding ``values`` (every field, each already of its field's type),
+    with ``fields_set`` as its fields set and ``extra`` as its extras: what validating the same
+    values gives (or pydantic's own unpickling), without the validation. The instance takes
+    ``values``, ``fields_set`` and ``extra`` as they are: the caller hands over fresh ones. The one
+    place the hot paths (gRPC requests, batch pieces, worker messages, sequence parameters) build
+    models they know to be valid."""
+    model = _new(cls)
+    _set_dict(model, values)
+    _set_fields_set(model, fields_set)
+    _set_extra_slot(model, extra)
+    _set_private(model, None)
+    return model
+
 
 def extra_parameters(extra: dict[str, Any]) -> Parameters:
     """``Parameters(**extra)`` when no name in ``extra`` is one of Parameters' fields or attributes
     (free-form names: the sequence parameters): the instance pydantic's validation makes (it keeps
     extras as given, the fields at their defaults), without the validation. ``extra`` becomes the
     instance's own extras (the caller hands over a fresh dict)."""
-    parameters = _new(Parameters)
-    _set_dict(parameters, _PARAMETER_DEFAULTS.copy())
-    _set_fields_set(parameters, set(extra))
-    _set_extra_slot(parameters, extra)
-    _set_private(parameters, None)
-    return parameters
+    return built(Parameters, _PARAMETER_DEFAULTS.copy(), set(extra), extra)
 
 
 class TensorData(RootModel[Any]):

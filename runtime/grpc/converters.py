@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ..errors import InvalidInput, ModelFailed
 from ..tensors import to_raw
@@ -35,6 +35,7 @@ from ..types import (
     RequestInput,
     RequestOutput,
     UInt64,
+    built,
 )
 from .generated import dataplane_pb2 as pb
 
@@ -156,7 +157,7 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
             "parameters": parameters_from_proto(parameters, f"input {name!r}") if parameters else None,
             "data": data,
         }
-        inputs.append(_built(RequestInput, fields, _INPUT_FIELDS))
+        inputs.append(built(RequestInput, fields, set(_INPUT_FIELDS)))
     outputs = None
     if msg.outputs:
         outputs = [
@@ -175,32 +176,11 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferenceRequest:
         "inputs": inputs,
         "outputs": outputs,
     }
-    return _built(InferenceRequest, fields, _REQUEST_FIELDS)  # type: ignore[no-any-return]
+    return built(InferenceRequest, fields, set(_REQUEST_FIELDS))
 
 
-_new = object.__new__
-# the setters of BaseModel's slots (what pydantic's model_construct sets, without the lookups)
-_SLOTS = vars(BaseModel)
-_set_dict = _SLOTS["__dict__"].__set__
-_set_fields_set = _SLOTS["__pydantic_fields_set__"].__set__
-_set_extra = _SLOTS["__pydantic_extra__"].__set__
-_set_private = _SLOTS["__pydantic_private__"].__set__
 _INPUT_FIELDS = frozenset(RequestInput.model_fields)
 _REQUEST_FIELDS = frozenset(InferenceRequest.model_fields)
-
-
-def _built(cls: type[BaseModel], fields: dict[str, Any], names: frozenset[str]) -> Any:
-    """``cls(**fields)`` for a model whose every field is given (``names``: all of them), each
-    value already of its field's type (str, a list of int, a Datatype, Parameters or None, the
-    data as it came, a list of RequestInput): the instance pydantic's validation makes (same
-    values in the same order, same fields set, no extra or private values), without validating
-    what cannot fail. Half of ``cls(**fields)``'s cost, on the gRPC hot path."""
-    model = _new(cls)
-    _set_dict(model, fields)
-    _set_fields_set(model, set(names))
-    _set_extra(model, None)
-    _set_private(model, None)
-    return model
 
 
 def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel
 
 from ..errors import ModelFailed
 from ..tensors import input_array, output_array
@@ -36,6 +35,8 @@ from ..types import (
     RequestInput,
     RequestOutput,
     ResponseOutput,
+    built,
+    extra_parameters,
 )
 
 CALLER_REQUEST_PARAMETERS = frozenset({"timeout", "priority", "headers", "binary_data_output"})
@@ -182,7 +183,7 @@ def split(
         arrays.append(array.reshape(out.shape))
     common = response.parameters.model_dump(exclude_none=True) if response.parameters else {}
     # the pieces are made from values of the batch's response, already of their fields' types:
-    # built as validation would build them, without validating each piece again (see _built)
+    # built as validation would build them, without validating each piece again (``types.built``)
     plain = (
         type(response) is InferenceResponse
         and type(response.model_name) is str
@@ -198,7 +199,7 @@ def split(
         parameters = _parameters(values)
         if plain:
             pieces.append(
-                _built(
+                built(
                     InferenceResponse,
                     {
                         "model_name": response.model_name,
@@ -207,7 +208,7 @@ def split(
                         "parameters": parameters,
                         "outputs": outputs,
                     },
-                    _RESPONSE_SET,
+                    set(_RESPONSE_SET),
                 )
             )
         else:
@@ -223,23 +224,9 @@ def split(
     return pieces
 
 
-_M = TypeVar("_M", bound=BaseModel)
 _RESPONSE_SET = frozenset({"model_name", "model_version", "parameters", "outputs"})
 _OUTPUT_SET = frozenset({"name", "shape", "datatype", "parameters", "data"})
 _PARAMETER_FIELDS = frozenset(Parameters.model_fields)
-_set = object.__setattr__
-
-
-def _built(cls: type[_M], values: dict[str, Any], fields_set: frozenset[str]) -> _M:
-    """An instance of ``cls`` holding ``values`` (every field, each already of its field's type)
-    and ``fields_set`` as set: what validating the same values gives, without the validation
-    (what pydantic's ``model_construct`` does, less its handling of defaults)."""
-    built = cls.__new__(cls)
-    _set(built, "__dict__", values)
-    _set(built, "__pydantic_fields_set__", set(fields_set))
-    _set(built, "__pydantic_extra__", None)
-    _set(built, "__pydantic_private__", None)
-    return built
 
 
 def _plain_output(out: ResponseOutput) -> bool:
@@ -258,7 +245,7 @@ def _output(out: ResponseOutput, shape: list[int], data: Any, fast: bool) -> Res
             "parameters": parameters,
             "data": data,
         }
-        return _built(ResponseOutput, values, _OUTPUT_SET)
+        return built(ResponseOutput, values, set(_OUTPUT_SET))
     return ResponseOutput(name=out.name, shape=shape, datatype=out.datatype, parameters=parameters, data=data)
 
 
@@ -267,9 +254,4 @@ def _parameters(values: dict[str, Any]) -> Parameters:
     keeps extras as given)."""
     if not _PARAMETER_FIELDS.isdisjoint(values):
         return Parameters(**values)
-    built = Parameters.__new__(Parameters)
-    _set(built, "__dict__", {"content_type": None, "headers": None})
-    _set(built, "__pydantic_fields_set__", set(values))
-    _set(built, "__pydantic_extra__", values)
-    _set(built, "__pydantic_private__", None)
-    return built
+    return extra_parameters(values)

@@ -25,7 +25,6 @@ import struct
 from typing import Any, Final
 
 import numpy as np
-from pydantic import BaseModel
 
 from ..types import (
     Datatype,
@@ -35,6 +34,7 @@ from ..types import (
     RequestInput,
     RequestOutput,
     ResponseOutput,
+    built,
 )
 
 HEAD: Final = struct.Struct("<II")
@@ -49,13 +49,6 @@ DIRECT: Final = 64 * 1024
 Message = tuple[str, int, Any]
 
 _set = object.__setattr__
-_new = object.__new__
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-"""A pydantic model's slots, set through their descriptors (``object.__setattr__`` looks each one
-up by name every time)."""
 
 _DATATYPES: Final[dict[Any, Any]] = dict(Datatype._value2member_map_)
 _DTYPES: Final[dict[str, np.dtype[Any]]] = {}
@@ -113,16 +106,6 @@ def _reduce_array(array: np.ndarray) -> Any:
 # travels as (dtype, shape, raw bytes or out-of-band buffer). Subclasses pickle as usual.
 
 
-def _build(cls: Any, values: dict[str, Any], fields_set: set[str], extra: Any = None) -> Any:
-    """A pydantic model with these fields, as its own unpickling makes it (no validation)."""
-    model = _new(cls)
-    _set_dict(model, values)
-    _set_fields_set(model, fields_set)
-    _set_extra(model, extra)
-    _set_private(model, None)
-    return model
-
-
 def _flat_parameters(parameters: Any) -> Any:
     if type(parameters) is not Parameters:
         return parameters  # None, or a subclass that pickles as usual
@@ -133,7 +116,7 @@ def _parameters(flat: Any) -> Any:
     if type(flat) is not tuple:
         return flat
     values, extra, fields_set = flat
-    return _build(Parameters, values, fields_set, extra)
+    return built(Parameters, values, fields_set, extra)
 
 
 def _flat_tensor(tensor: Any) -> Any:
@@ -164,21 +147,14 @@ def _tensor(cls: type[Any], flat: Any) -> Any:
     name, shape, datatype, parameters, data, is_array = flat
     if is_array:
         data = _array(data[2], data[0], data[1])
-    model = _new(cls)
-    _set_dict(
-        model,
-        {
-            "name": name,
-            "shape": shape,
-            "datatype": _DATATYPES.get(datatype, datatype),
-            "parameters": None if parameters is None else _parameters(parameters),
-            "data": data,
-        },
-    )
-    _set_fields_set(model, set(_TENSOR_FIELDS))
-    _set_extra(model, None)
-    _set_private(model, None)
-    return model
+    values = {
+        "name": name,
+        "shape": shape,
+        "datatype": _DATATYPES.get(datatype, datatype),
+        "parameters": None if parameters is None else _parameters(parameters),
+        "data": data,
+    }
+    return built(cls, values, set(_TENSOR_FIELDS))
 
 
 _REQUEST_FIELDS: Final = frozenset({"id", "parameters", "inputs", "outputs"})
@@ -193,13 +169,13 @@ def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> Infe
         "outputs": None
         if outputs is None
         else [
-            _build(RequestOutput, {"name": o[0], "parameters": _parameters(o[1])}, {"name", "parameters"})
+            built(RequestOutput, {"name": o[0], "parameters": _parameters(o[1])}, {"name", "parameters"})
             if type(o) is tuple
             else o
             for o in outputs
         ],
     }
-    request: InferenceRequest = _build(InferenceRequest, values, set(_REQUEST_FIELDS))
+    request: InferenceRequest = built(InferenceRequest, values, set(_REQUEST_FIELDS))
     return request
 
 
@@ -231,7 +207,7 @@ def _response(
         "parameters": None if parameters is None else _parameters(parameters),
         "outputs": [_tensor(ResponseOutput, t) for t in outputs],
     }
-    response: InferenceResponse = _build(InferenceResponse, values, set(_RESPONSE_FIELDS))
+    response: InferenceResponse = built(InferenceResponse, values, set(_RESPONSE_FIELDS))
     return response
 
 
