@@ -19,13 +19,12 @@ from pydantic import ValidationError
 
 import runtime
 from runtime.cli import main
-from runtime.scheduling import collector
-from runtime.server import Server, fewer_collections
+from runtime.scheduling import gc_threshold
+from runtime.server.serving import Server, fewer_collections
 from runtime.settings import ModelSettings, Settings
+from tests.conftest import EXAMPLES, ROOT
 
-from .conftest import EXAMPLES, ROOT
-
-LOADING_GC_THRESHOLD = collector.YOUNG
+LOADING_GC_THRESHOLD = gc_threshold.YOUNG
 
 HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette", "runtime.settings"]
 
@@ -49,7 +48,7 @@ ECHO_SERVER = textwrap.dedent(
     """
     import asyncio, json, sys
 
-    from runtime.server import Server
+    from runtime.server.serving import Server
     from runtime.settings import Settings
     from runtime.types import InferenceRequest, RequestInput
 
@@ -128,8 +127,8 @@ LATER_MODELS = [
     "runtime.types.InferenceErrorResponse",
     "runtime.types.RepositoryIndexRequest",
     "runtime.types.RepositoryIndexResponseItem",
-    "runtime.generate.GenerateParameters",
-    "runtime.generate.GenerateRequest",
+    "runtime.core.generate.GenerateParameters",
+    "runtime.core.generate.GenerateRequest",
 ]
 
 
@@ -145,7 +144,7 @@ def test_models_that_start_up_and_infer_do_not_use_are_built_by_their_first_use(
     built, echoed = json.loads(_python(code, str(EXAMPLES / "echo"), json.dumps(LATER_MODELS)))
     assert built == []  # neither the start nor an infer request built them
     assert echoed == [[1.0, 2.0]]
-    from runtime.generate import GenerateRequest
+    from runtime.core.generate import GenerateRequest
     from runtime.types import MetadataServerResponse, RepositoryIndexRequest
 
     assert RepositoryIndexRequest.model_validate_json(b'{"ready": true}').ready is True
@@ -195,11 +194,11 @@ def test_a_batcher_loaded_at_start_keeps_its_threshold_when_loading_ends() -> No
     put back 700 under a batcher that started meanwhile."""
     before = gc.get_threshold()
     with fewer_collections():
-        collector.hold()  # a batching scheduler starts with its model
+        gc_threshold.hold()  # a batching scheduler starts with its model
     try:
-        assert gc.get_threshold() == (collector.YOUNG, *before[1:])
+        assert gc.get_threshold() == (gc_threshold.YOUNG, *before[1:])
     finally:
-        collector.release()
+        gc_threshold.release()
     assert gc.get_threshold() == before
 
 

@@ -10,9 +10,8 @@ import pytest
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
 from runtime.repository import read_repository
-
-from ..conftest import InProcess
-from .test_rest_api import archive
+from tests.conftest import InProcess
+from tests.frontends.torchserve.test_rest_api import archive
 
 pytestmark = pytest.mark.anyio
 
