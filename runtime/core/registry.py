@@ -137,10 +137,6 @@ class Registry:
             if e.ready or not ready_only
         ]
 
-    def all_ready(self) -> bool:
-        """True when every model that loaded successfully is ready (failed loads are reported apart)."""
-        return all(e.ready for e in self.entries() if e.state is not State.UNAVAILABLE)
-
     # ------------------------------------------------------------------ loading
 
     def _lock(self, name: str) -> asyncio.Lock:
