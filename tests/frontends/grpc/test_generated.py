@@ -14,8 +14,8 @@ from google.protobuf.descriptor import Descriptor
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "runtime" / "grpc" / "generated"
+ROOT = Path(__file__).resolve().parents[3]
+GENERATED = ROOT / "runtime" / "frontends" / "grpc" / "generated"
 
 
 def pinned_grpcio_tools() -> str:

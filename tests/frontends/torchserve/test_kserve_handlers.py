@@ -24,7 +24,7 @@ from tests.models import zoo
 
 pytestmark = pytest.mark.anyio
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "torchserve"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "torchserve"
 ROW = {"name": "x", "datatype": "FP32", "shape": [-1, 3]}
 
 

@@ -21,7 +21,7 @@ from tests.torchserve.archiver import run_model_archiver
 
 pytestmark = pytest.mark.anyio
 
-HANDLERS = Path(__file__).resolve().parents[1] / "models" / "torchserve"
+HANDLERS = Path(__file__).resolve().parents[2] / "models" / "torchserve"
 
 
 def archive(tmp: Path, name: str, handler: str, config: str | None = None, fmt: str = "default") -> Path:
