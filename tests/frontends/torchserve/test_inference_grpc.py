@@ -26,9 +26,9 @@ from runtime.frontends.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 from tests.servers import RunningServer, start_server
 from tests.torchserve.archiver import run_model_archiver
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "torchserve"
-HANDLERS = Path(__file__).resolve().parents[1] / "models" / "torchserve"
+HANDLERS = Path(__file__).resolve().parents[2] / "models" / "torchserve"
 SAMPLES = [EXAMPLES / "stateful" / "sample" / f"sample{i}.txt" for i in (1, 2, 3)]
 
 
