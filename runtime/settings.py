@@ -45,6 +45,37 @@ TORCHSERVE_PORTS = {
 
 
 @documented
+class CORSSettings(BaseModel):
+    """Cross-origin requests to the REST API (``cors_settings`` in settings.json), as MLServer's, with
+    its defaults; Starlette's CORSMiddleware applies them."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    allow_origins: list[str] = []
+    """Origins allowed to make cross-origin requests, e.g. ``["https://example.org"]``; ``["*"]``
+    allows any."""
+
+    allow_origin_regex: str | None = None
+    """A regular expression of the origins allowed (matched whole), e.g. ``https://.*\\.example\\.org``."""
+
+    allow_credentials: bool = False
+    """Allow cookies (credentials) in cross-origin requests."""
+
+    allow_methods: list[str] = ["GET"]
+    """HTTP methods allowed in cross-origin requests; ``["*"]`` allows every one."""
+
+    allow_headers: list[str] = []
+    """Request headers allowed in cross-origin requests, beside the CORS-safelisted ones; ``["*"]``
+    allows any."""
+
+    expose_headers: list[str] = []
+    """Response headers a browser lets the page read."""
+
+    max_age: int = 600
+    """Seconds a browser may cache a preflight's answer."""
+
+
+@documented
 class Settings(BaseSettings):
     """Settings of the server (``settings.json``; environment prefix ``MLSERVER_``)."""
 
@@ -125,7 +156,18 @@ class Settings(BaseSettings):
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
-    """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
+    """Largest HTTP request body accepted, in bytes; larger bodies get 413 (a gzip body: once
+    decompressed)."""
+
+    cors_settings: CORSSettings | None = None
+    """Answer cross-origin requests (CORS) on every REST route, as MLServer does: allow_origins,
+    allow_origin_regex, allow_credentials, allow_methods, allow_headers, expose_headers, max_age.
+    Unset: no CORS headers, browsers refuse pages of other origins."""
+
+    gzip_enabled: bool = True
+    """Compress REST answers of 500 bytes or more with gzip for clients that accept it, and read
+    request bodies sent with ``Content-Encoding: gzip``, on every REST route, as MLServer does.
+    Server-Sent Events streams are not compressed."""
 
     http_keepalive_timeout: float = Field(default=75.0, gt=0)
     """Seconds an HTTP keep-alive connection may sit idle between requests before the server

@@ -1,5 +1,21 @@
-"""The Open Inference Protocol over gRPC (grpc.aio), translating to and from the DataPlane only."""
+"""The Open Inference Protocol over gRPC (grpc.aio), translating to and from the DataPlane only.
 
-from .grpc_server import GrpcServer
+``GrpcServer`` is imported on first use, so that the protocol's stubs (``runtime.grpc.generated``)
+can be imported by a client without the server."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .grpc_server import GrpcServer
 
 __all__ = ["GrpcServer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GrpcServer":
+        from .grpc_server import GrpcServer
+
+        return GrpcServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
