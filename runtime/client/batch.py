@@ -288,7 +288,16 @@ class BatchRun:
             return {
                 i: (_answer(i, own), False) for i, own in zip(indexes, split(answer, job.bodies), strict=True)
             }
-        except (Refused, TryLater) as exc:
+        except (Refused, ValueError) as exc:
+            if len(job.bodies) == 1:
+                return {job.first: (_error(job.first, str(exc)), True)}
+            # a line spoils the merged request, or its answer cannot be split (a model whose outputs
+            # do not keep the rows): each line alone then, so that only a bad one fails
+            answers: dict[int, tuple[bytes, bool]] = {}
+            for i, body in zip(indexes, job.bodies, strict=True):
+                answers.update(await self._answer(_Job(i, [body])))
+            return answers
+        except TryLater as exc:
             return {i: (_error(i, str(exc)), True) for i in indexes}
         except Exception as exc:  # an answer that cannot be split, a client failure: in its place too
             return {i: (_error(i, f"{type(exc).__name__}: {exc}"), True) for i in indexes}
@@ -307,7 +316,7 @@ class BatchRun:
                 wait = exc.retry_after if exc.retry_after is not None else pause
                 await asyncio.sleep(min(wait, LONGEST_PAUSE))
                 pause = min(pause * 2, LONGEST_PAUSE)
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("unreachable")
 
     async def _write(self, output: IO[bytes], progress: _Progress, started: float) -> None:
         """Write answers in input order as soon as the ones before them are in; flush each time."""

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
+from ..frontends.docs.pages import docs_routes
 from ..kserve.v1 import KServeV1
 from ..settings import Settings
 from ..torchserve.rest_api import TorchServeRest
@@ -211,6 +212,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         hot
         + torchserve.routes()
         + KServeV1(dataplane).routes()
+        + docs_routes(dataplane)
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
