@@ -12,12 +12,12 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from runtime.version import __version__
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from .settings import Settings
+    from runtime.settings import Settings
 
 _SKIPPED = {"model_repository_root", "extensions", "logging_settings"}
 
@@ -41,7 +41,7 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any] | None:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    from .settings import Settings
+    from runtime.settings import Settings
 
     add_model_flags(parser, Settings, skipped=_SKIPPED)
 
@@ -120,14 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--timeout and a progress bar."
         ),
     )
-    from .client.batch import InferOptions
+    from runtime.client.batch import InferOptions
 
     add_model_flags(infer, InferOptions, short=_INFER_SHORT)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    from .settings import SETTINGS_FILENAME, Settings
+    from runtime.settings import SETTINGS_FILENAME, Settings
 
     folder = Path(args.folder)
     path = Path(args.settings) if args.settings else folder / SETTINGS_FILENAME
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command == "infer":
-            from .client.batch import InferOptions, run
+            from runtime.client.batch import InferOptions, run
 
             return run({name: getattr(args, name) for name in InferOptions.model_fields})
         if args.command != "start":
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings_from_args(args)
         except ValueError as exc:
             parser.error(str(exc))
-        from .logs import configure_logging
-        from .server import serve
+        from runtime.logs import configure_logging
+        from runtime.server.serving import serve
 
         gc.freeze()
     finally:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from .merge import Body, flat
+from runtime.client.merge import Body, flat
 
 DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
@@ -153,7 +153,7 @@ class GrpcTransport:
     ) -> None:
         import grpc
 
-        from ..grpc.generated import dataplane_pb2, dataplane_pb2_grpc
+        from runtime.frontends.grpc.generated import dataplane_pb2, dataplane_pb2_grpc
 
         self._grpc = grpc
         self._pb = dataplane_pb2

@@ -26,16 +26,16 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..dataplane import DataPlane
-from ..errors import ServerError
-from ..frontends.docs.pages import docs_routes
-from ..kserve.v1 import KServeV1
-from ..settings import Settings
-from ..torchserve.rest_api import TorchServeRest
-from .app import RestApi, _http_error, _server_error, _unexpected
-from .middleware import wants_middleware, with_middleware
-from .repository_routes import repository_routes
-from .sse_routes import StreamingApi
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.frontends.docs.pages import docs_routes
+from runtime.frontends.kserve.v1 import KServeV1
+from runtime.settings import Settings
+from runtime.frontends.torchserve.rest_api import TorchServeRest
+from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
+from runtime.frontends.rest.middleware import wants_middleware, with_middleware
+from runtime.frontends.rest.repository_routes import repository_routes
+from runtime.frontends.rest.sse_routes import StreamingApi
 
 _PREFIX = "/v2/models/"
 _SUFFIX = "/infer"
@@ -73,7 +73,7 @@ class RestApp(Starlette):
 
     def use_middleware(self, settings: Settings) -> None:
         """Put the CORS and gzip middleware that ``settings`` turn on before every route (see
-        runtime/rest/middleware.py); a request they have nothing to do with skips them."""
+        runtime/frontends/rest/middleware.py); a request they have nothing to do with skips them."""
         self._middleware = with_middleware(_Inner(self), settings)
         self._cors = settings.cors_settings is not None
 

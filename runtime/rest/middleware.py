@@ -26,9 +26,9 @@ from starlette.middleware.gzip import GZipMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import Cancelled, InvalidInput, PayloadTooLarge, ServerError
-from ..settings import Settings
-from .status import status_of
+from runtime.errors import Cancelled, InvalidInput, PayloadTooLarge, ServerError
+from runtime.settings import Settings
+from runtime.frontends.rest.status import status_of
 
 _ACCEPT_ENCODING = b"accept-encoding"
 _CONTENT_ENCODING = b"content-encoding"

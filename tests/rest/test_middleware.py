@@ -1,4 +1,4 @@
-"""CORS and gzip on the REST routes (``runtime.rest.middleware``): answers compressed for clients
+"""CORS and gzip on the REST routes (``runtime.frontends.rest.middleware``): answers compressed for clients
 that accept gzip, gzip request bodies read (within the size limit), streams left uncompressed,
 MLServer's CORS settings and defaults, refusals as JSON."""
 
@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.rest.middleware import wants_middleware
+from runtime.frontends.rest.middleware import wants_middleware
 from runtime.settings import CORSSettings, ModelSettings, Settings
 
-from ..conftest import InProcess
-from ..models import zoo
-from ..stream_models import Counter
+from tests.conftest import InProcess
+from tests.models import zoo
+from tests.stream_models import Counter
 
 pytestmark = pytest.mark.anyio
 

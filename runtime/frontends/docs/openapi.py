@@ -18,7 +18,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from ...types import MetadataModelResponse
+from runtime.types import MetadataModelResponse
 
 HERE = Path(__file__).parent
 MODEL = "/v2/models/{model_name}"

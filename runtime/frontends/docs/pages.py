@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...dataplane import DataPlane
-from .openapi import dataplane_document, model_document
+from runtime.core.dataplane import DataPlane
+from runtime.frontends.docs.openapi import dataplane_document, model_document
 
 ASSETS = {
     "swagger-ui.css": "text/css; charset=utf-8",
