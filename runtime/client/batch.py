@@ -31,9 +31,9 @@ from typing import IO, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.field_docs import documented
 from runtime.client.merge import Body, merge, mergeable, split
 from runtime.client.transport import GrpcTransport, Refused, RestTransport, Transport, TryLater
+from runtime.field_docs import documented
 
 FIRST_PAUSE = 0.1
 """Seconds before the first retry when the server gave no Retry-After (doubling, up to ``LONGEST_PAUSE``)."""

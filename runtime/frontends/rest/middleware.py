@@ -27,8 +27,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import Cancelled, InvalidInput, PayloadTooLarge, ServerError
-from runtime.settings import Settings
 from runtime.frontends.rest.status import status_of
+from runtime.settings import Settings
 
 _ACCEPT_ENCODING = b"accept-encoding"
 _CONTENT_ENCODING = b"content-encoding"

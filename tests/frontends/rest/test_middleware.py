@@ -14,7 +14,6 @@ import pytest
 
 from runtime.frontends.rest.middleware import wants_middleware
 from runtime.settings import CORSSettings, ModelSettings, Settings
-
 from tests.conftest import InProcess
 from tests.models import zoo
 from tests.stream_models import Counter
