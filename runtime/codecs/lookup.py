@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from .datetime import DatetimeCodec
 from .interfaces import InputCodec, RequestCodec
 from .numpy import NumpyCodec, NumpyRequestCodec
+from .pandas import PandasCodec
 from .string import Base64Codec, StringCodec, StringRequestCodec
 
-INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec)
-REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)
+INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec, DatetimeCodec)
+REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec, PandasCodec)
 
 _Codec = TypeVar("_Codec", type[InputCodec], type[RequestCodec])
 
