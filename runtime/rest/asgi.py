@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
+from ..frontends.mlflow.scoring import MLflowScoring
 from ..kserve.v1 import KServeV1
 from ..torchserve.rest_api import TorchServeRest
 from .app import RestApi, _http_error, _server_error, _unexpected
@@ -181,6 +182,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
+        + MLflowScoring(dataplane).routes()
         + (extra_routes or []),
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )

@@ -1,0 +1,1 @@
+"""Front ends of other protocols, each a translator onto the DataPlane."""
