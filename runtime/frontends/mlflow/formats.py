@@ -196,7 +196,11 @@ def _input(name: str, values: Any, spec: MetadataTensor | None, from_csv: bool) 
     try:
         array = np.asarray(values) if datatype is None else np.asarray(values, dtype=_numpy_dtype(datatype))
     except (TypeError, ValueError) as exc:
-        wanted = f"{datatype.value} values" if datatype is not None else "values of one type"
+        wanted = (
+            f"{datatype.value} values"
+            if datatype is not None
+            else "values of one type, in rows of one length"
+        )
         raise InvalidInput(f"Input {shown(name)} must hold {wanted}: {exc}") from None
     if array.dtype == object or array.dtype.kind in "SUMmV":
         raise InvalidInput(
