@@ -7,6 +7,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,15 @@ def test_invocations_go_through_the_same_model_and_metrics_count_them(
     ]
     assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 7
     assert np.isfinite(float(counted[0].rsplit(" ", 1)[1]))
+
+
+def test_mlflows_own_scoring_client_is_answered(server: RunningServer, mlflow_models: Models) -> None:
+    from mlflow.pyfunc.scoring_server.client import ScoringServerClient
+
+    host, port = server.http_address.rsplit(":", 1)
+    client = ScoringServerClient(host, int(port))  # type: ignore[no-untyped-call]
+    client.wait_server_ready(timeout=30)  # type: ignore[no-untyped-call]
+    frame = features(4, seed=9)
+    predictions = client.invoke(frame).get_predictions()
+    assert predictions.iloc[:, 0].tolist() == mlflow_models[1]["columns"].predict(frame).tolist()
+    assert client.get_version() == metadata.version("mlflow")  # type: ignore[no-untyped-call]
