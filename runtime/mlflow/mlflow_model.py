@@ -119,7 +119,7 @@ class MLflowModel(MLModel):
         except Exception as exc:
             if self._mlflow_error is not None and isinstance(exc, self._mlflow_error):
                 raise InvalidInput(
-                    f"The request does not fit model {shown(self.name)}'s signature: {_mlflow_message(exc)}"
+                    f"The request does not fit the signature of model {shown(self.name)}: {_mlflow_message(exc)}"
                 ) from exc
             if isinstance(exc, (ValueError, TypeError)):
                 names = [inp.name for inp in payload.inputs]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import NumpyCodec, PandasCodec, decode_inference_request
+from ..codecs import NumpyCodec, NumpyRequestCodec, PandasCodec, decode_inference_request
 from ..codecs.pandas import is_dataframe
 from ..errors import InvalidInput, shown
 from ..tensors import datatype_of, dtype_of
@@ -124,7 +124,8 @@ def decoded(
     request: InferenceRequest, signature: Signature, model_content_type: str | None, model: str
 ) -> Any:
     """What the MLflow model is called with: a DataFrame (``pd``), an array (``np``), a dict of
-    arrays (``dict``: named tensors), as the request's and the model's content types say."""
+    arrays (``dict``: named tensors), as the request's and the model's content types say (a
+    model without a signature: one input is an array, several a dict of arrays)."""
     inputs = checked_inputs(request, signature, model)
     request = InferenceRequest(
         id=request.id, parameters=request.parameters, inputs=inputs, outputs=request.outputs
@@ -134,7 +135,7 @@ def decoded(
     content_type = content_type or model_content_type
     if content_type == "dict" or (content_type is None and len(inputs) > 1):
         return {inp.name: NumpyCodec.decode_input(inp) for inp in inputs}
-    return decode_inference_request(request, content_type, declared)
+    return decode_inference_request(request, content_type, declared, NumpyRequestCodec)
 
 
 def params_of(request: InferenceRequest, signature: Signature) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@
   columns ``a``, ``b`` (doubles) and ``c`` (long), its signature with a ``k`` param (unused by it);
 - ``tensor`` (cloudpickle): the same regression on a ``[N, 3]`` float64 array;
 - ``scaled``: a pyfunc model (``ScaledSum``) answering ``(a + b) * scale`` as a DataFrame column
-  ``y`` and the text column ``label``; ``scale`` is a signature param (default 1.0);
+  ``y`` and the text column ``label``; ``scale`` is a signature param (default 1.0; a negative one makes the model raise);
+- ``nosig``: the ``tensor`` regression saved without a signature;
 - ``broken``: an MLmodel file whose pickle is not one.
 """
 
@@ -39,6 +40,8 @@ class ScaledSum(PythonModel):
 
     def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> Any:
         scale = float((params or {}).get("scale", 1.0))
+        if scale < 0:
+            raise RuntimeError("scale must not be negative")
         y = (model_input["a"] + model_input["b"]) * scale
         return pd.DataFrame({"y": y, "label": np.where(y > 1, "big", "small")})
 
@@ -61,7 +64,7 @@ def _settings(folder: Path, name: str, **extra: Any) -> None:
 
 
 def save_models(root: Path) -> dict[str, Any]:
-    """Save the four models under ``root`` (one folder each, with its model-settings.json); return
+    """Save the five models under ``root`` (one folder each, with its model-settings.json); return
     the fitted scikit-learn estimators by name."""
     frame = features(200)
     labels = (frame.a + frame.b > 0).astype(np.int64)
@@ -91,6 +94,10 @@ def save_models(root: Path) -> dict[str, Any]:
         pip_requirements=REQUIREMENTS,
     )
     _settings(root / "scaled", "scaled")
+    mlflow.sklearn.save_model(
+        tensor, str(root / "nosig"), serialization_format="cloudpickle", pip_requirements=REQUIREMENTS
+    )
+    _settings(root / "nosig", "nosig")
     broken = root / "broken"
     mlflow.sklearn.save_model(
         tensor, str(broken), serialization_format="cloudpickle", pip_requirements=REQUIREMENTS

@@ -33,7 +33,7 @@ def _settings(root: Path, name: str, **extra: Any) -> ModelSettings:
 async def served(mlflow_models: Models) -> Any:
     root, _ = mlflow_models
     server = InProcess()
-    await server.load(*(_settings(root, name) for name in ("columns", "tensor", "scaled", "broken")))
+    await server.load(*(_settings(root, name) for name in ("columns", "tensor", "scaled", "nosig", "broken")))
     yield server
     await server.registry.unload_all()
 
@@ -214,3 +214,28 @@ def test_mlflow_and_pandas_are_imported_only_when_such_a_model_loads() -> None:
 def test_the_request_input_models_are_plain(served: InProcess) -> None:
     assert RequestInput(name="a", shape=[1], datatype="FP64", data=np.zeros(1)).name == "a"
     assert InferenceRequest(inputs=[]).inputs == []
+
+
+async def test_what_mlflow_refuses_is_a_400_and_what_the_model_raises_a_500(served: InProcess) -> None:
+    def body(scale: Any) -> dict[str, Any]:
+        inputs = [{"name": n, "datatype": "FP64", "shape": [1], "data": [1.0]} for n in ("a", "b")]
+        return {"inputs": inputs, "parameters": {"scale": scale}}
+
+    nosig = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 2], "data": [1.0, 2.0]}]}
+    async with served.client() as client:
+        refused = await client.post("/v2/models/scaled/infer", json=body("zz"))
+        failed = await client.post("/v2/models/scaled/infer", json=body(-1.0))
+        features_wrong = await client.post("/v2/models/nosig/infer", json=nosig)
+        meta = (await client.get("/v2/models/nosig")).json()
+    assert refused.status_code == 400
+    assert (
+        "does not fit the signature of model 'scaled'" in refused.json()["error"]
+        and "scale" in refused.json()["error"]
+    )
+    assert failed.status_code == 500 and "scale must not be negative" in failed.json()["error"]
+    assert features_wrong.status_code == 400
+    assert "Model 'nosig' cannot take input(s) ['x']" in features_wrong.json()["error"]
+    assert "features" in features_wrong.json()["error"]
+    assert (meta["inputs"] == [] and "parameters" not in meta) or meta["parameters"].get(
+        "content_type"
+    ) is None
