@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .codecs import (
+from runtime.codecs import (
     InputCodec,
     RequestCodec,
     decode_inference_request,
@@ -17,9 +17,9 @@ from .codecs import (
     find_request_codec,
     input_codec,
 )
-from .errors import InvalidInput
-from .settings import ModelSettings
-from .types import (
+from runtime.errors import InvalidInput
+from runtime.settings import ModelSettings
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     MetadataModelResponse,

@@ -6,12 +6,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.dataplane import DataPlane
-from runtime.registry import Registry
-from runtime.rest import create_app
+from runtime.core.dataplane import DataPlane
+from runtime.core.registry import Registry
+from runtime.frontends.rest import create_app
 from runtime.settings import ModelSettings, Settings
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
@@ -86,7 +86,7 @@ def textgen_server() -> Iterator[RunningServer]:
 
 
 # session fixtures of the gRPC tests (a server on a copy of tests/models/grpc)
-from .grpc_support import grpc_models, grpc_server  # noqa: E402
+from tests.grpc_support import grpc_models, grpc_server  # noqa: E402
 
 __all__ = ["grpc_models", "grpc_server"]
 
@@ -95,7 +95,7 @@ __all__ = ["grpc_models", "grpc_server"]
 def mlflow_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
     """MLflow models saved once for the session with real mlflow (``tests.mlflow.saved_models``):
     (their folder, the fitted estimators by name). Skips, saying why, without mlflow."""
-    from .mlflow.saved_models import save_models
+    from tests.mlflow.saved_models import save_models
 
     root = tmp_path_factory.mktemp("mlflow-models")
     return root, save_models(root)

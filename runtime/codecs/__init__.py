@@ -1,13 +1,13 @@
 """Codecs: tensors and requests to Python values and back (MLServer's codec API)."""
 
-from .content_types import decode_inference_request, input_codec
-from .datetime import DatetimeCodec
-from .decorator import decode_args
-from .interfaces import InputCodec, RequestCodec
-from .lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
-from .numpy import NumpyCodec, NumpyRequestCodec
-from .pandas import PandasCodec
-from .string import Base64Codec, StringCodec, StringRequestCodec
+from runtime.codecs.content_types import decode_inference_request, input_codec
+from runtime.codecs.datetime import DatetimeCodec
+from runtime.codecs.decorator import decode_args
+from runtime.codecs.interfaces import InputCodec, RequestCodec
+from runtime.codecs.lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
+from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
+from runtime.codecs.pandas import PandasCodec
+from runtime.codecs.string import Base64Codec, StringCodec, StringRequestCodec
 
 __all__ = [
     "INPUT_CODECS",

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from .datetime import DatetimeCodec
-from .interfaces import InputCodec, RequestCodec
-from .numpy import NumpyCodec, NumpyRequestCodec
-from .pandas import PandasCodec
-from .string import Base64Codec, StringCodec, StringRequestCodec
+from runtime.codecs.datetime import DatetimeCodec
+from runtime.codecs.interfaces import InputCodec, RequestCodec
+from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
+from runtime.codecs.pandas import PandasCodec
+from runtime.codecs.string import Base64Codec, StringCodec, StringRequestCodec
 
 INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec, DatetimeCodec)
 REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec, PandasCodec)

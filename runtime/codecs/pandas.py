@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from ..errors import InvalidInput
-from ..tensors import datatype_of, input_array, output_array
-from ..types import (
+from runtime.errors import InvalidInput
+from runtime.tensors import datatype_of, input_array, output_array
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     MetadataTensor,
@@ -34,9 +34,9 @@ from ..types import (
     RequestInput,
     ResponseOutput,
 )
-from .datetime import DatetimeCodec
-from .interfaces import RequestCodec
-from .string import Base64Codec, StringCodec, bytes_column, bytes_elements
+from runtime.codecs.datetime import DatetimeCodec
+from runtime.codecs.interfaces import RequestCodec
+from runtime.codecs.string import Base64Codec, StringCodec, bytes_column, bytes_elements
 
 if TYPE_CHECKING:
     import pandas

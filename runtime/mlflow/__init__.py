@@ -4,6 +4,6 @@
 mlflow itself is imported only when such a model loads (``pip install 'mlserver-like[mlflow]'``).
 """
 
-from .mlflow_model import MLFLOW_MISSING, MLflowModel
+from runtime.mlflow.mlflow_model import MLFLOW_MISSING, MLflowModel
 
 __all__ = ["MLFLOW_MISSING", "MLflowModel"]

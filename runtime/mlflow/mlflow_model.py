@@ -22,12 +22,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInput, shown
-from ..model import MLModel
-from ..settings import ModelParameters, ModelSettings
-from ..types import InferenceRequest, InferenceResponse, MetadataModelResponse, Parameters
-from .payloads import declared_tensors, decoded, encoded, params_of
-from .signature import Signature, model_folder, read_signature
+from runtime.errors import InvalidInput, shown
+from runtime.model import MLModel
+from runtime.settings import ModelParameters, ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse, MetadataModelResponse, Parameters
+from runtime.mlflow.payloads import declared_tensors, decoded, encoded, params_of
+from runtime.mlflow.signature import Signature, model_folder, read_signature
 
 MLFLOW_MISSING = "MLflow models need mlflow: pip install 'mlserver-like[mlflow]'"
 

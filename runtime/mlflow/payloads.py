@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import NumpyCodec, NumpyRequestCodec, PandasCodec, decode_inference_request
-from ..codecs.pandas import is_dataframe
-from ..errors import InvalidInput, shown
-from ..tensors import datatype_of, dtype_of
-from ..types import (
+from runtime.codecs import NumpyCodec, NumpyRequestCodec, PandasCodec, decode_inference_request
+from runtime.codecs.pandas import is_dataframe
+from runtime.errors import InvalidInput, shown
+from runtime.tensors import datatype_of, dtype_of
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,
@@ -31,7 +31,7 @@ from ..types import (
     ResponseOutput,
     UInt64,
 )
-from .signature import Signature, Spec
+from runtime.mlflow.signature import Signature, Spec
 
 _TEXT = "text (BYTES)"
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from ..types import Datatype, MetadataTensor, Parameters
+from runtime.types import Datatype, MetadataTensor, Parameters
 
 MLMODEL = "MLmodel"
 

@@ -14,8 +14,8 @@ import pytest
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, RequestInput
 
-from ..conftest import InProcess
-from .saved_models import IMPLEMENTATION, features
+from tests.conftest import InProcess
+from tests.mlflow.saved_models import IMPLEMENTATION, features
 
 Models = tuple[Path, dict[str, Any]]
 
@@ -202,7 +202,7 @@ def test_mlflow_and_pandas_are_imported_only_when_such_a_model_loads() -> None:
     import sys
 
     code = (
-        "import sys, runtime, runtime.server, runtime.rest.asgi, runtime.mlflow, runtime.codecs; "
+        "import sys, runtime, runtime.server.serving, runtime.server.rest_app, runtime.mlflow, runtime.codecs; "
         "print(sorted(m for m in ('mlflow', 'pandas', 'sklearn') if m in sys.modules))"
     )
     result = subprocess.run(

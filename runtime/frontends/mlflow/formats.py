@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ...codecs.pandas import column_values
-from ...errors import InvalidInput, shown
-from ...tensors import output_array
-from ...types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, RequestInput
+from runtime.codecs.pandas import column_values
+from runtime.errors import InvalidInput, shown
+from runtime.tensors import output_array
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, RequestInput
 
 CSV = "text/csv"
 JSON = "application/json"

@@ -29,14 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...dataplane import DataPlane
-from ...errors import ServerError
-from ...registry import ModelEntry
-from ...rest.app import read_body
-from ...rest.disconnect import cancel_on_disconnect
-from ...rest.status import headers_of, status_of
-from ...types import MetadataTensor
-from .formats import (
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.core.registry import ModelEntry
+from runtime.frontends.rest.app import read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.status import headers_of, status_of
+from runtime.types import MetadataTensor
+from runtime.frontends.mlflow.formats import (
     CSV,
     UnsupportedContentType,
     content_type_of,

@@ -13,8 +13,8 @@ import pytest
 
 from runtime.settings import ModelSettings, Settings
 
-from ...conftest import InProcess
-from ...mlflow.saved_models import IMPLEMENTATION, features
+from tests.conftest import InProcess
+from tests.mlflow.saved_models import IMPLEMENTATION, features
 
 Models = tuple[Path, dict[str, Any]]
 
