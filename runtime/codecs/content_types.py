@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.types import InferenceRequest, MetadataTensor, RequestInput
 from runtime.codecs.interfaces import InputCodec, RequestCodec
 from runtime.codecs.lookup import find_input_codec, find_request_codec
 from runtime.codecs.pandas import PandasCodec, column_content_type
+from runtime.types import InferenceRequest, MetadataTensor, RequestInput
 
 
 def input_codec(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from runtime.errors import InvalidInput
-from runtime.types import RequestInput, ResponseOutput
 from runtime.codecs.interfaces import InputCodec, make_tensor
 from runtime.codecs.string import bytes_column, bytes_elements
+from runtime.errors import InvalidInput
+from runtime.types import RequestInput, ResponseOutput
 
 
 def _iso(item: Any) -> bytes:

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from runtime.codecs.datetime import DatetimeCodec
+from runtime.codecs.interfaces import RequestCodec
+from runtime.codecs.string import Base64Codec, StringCodec, bytes_column, bytes_elements
 from runtime.errors import InvalidInput
 from runtime.tensors import datatype_of, input_array, output_array
 from runtime.types import (
@@ -34,9 +37,6 @@ from runtime.types import (
     RequestInput,
     ResponseOutput,
 )
-from runtime.codecs.datetime import DatetimeCodec
-from runtime.codecs.interfaces import RequestCodec
-from runtime.codecs.string import Base64Codec, StringCodec, bytes_column, bytes_elements
 
 if TYPE_CHECKING:
     import pandas

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import InvalidInput, shown
+from runtime.mlflow.payloads import declared_tensors, decoded, encoded, params_of
+from runtime.mlflow.signature import Signature, model_folder, read_signature
 from runtime.model import MLModel
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, MetadataModelResponse, Parameters
-from runtime.mlflow.payloads import declared_tensors, decoded, encoded, params_of
-from runtime.mlflow.signature import Signature, model_folder, read_signature
 
 MLFLOW_MISSING = "MLflow models need mlflow: pip install 'mlserver-like[mlflow]'"
 

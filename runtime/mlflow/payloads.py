@@ -20,6 +20,7 @@ import numpy as np
 from runtime.codecs import NumpyCodec, NumpyRequestCodec, PandasCodec, decode_inference_request
 from runtime.codecs.pandas import is_dataframe
 from runtime.errors import InvalidInput, shown
+from runtime.mlflow.signature import Signature, Spec
 from runtime.tensors import datatype_of, dtype_of
 from runtime.types import (
     Datatype,
@@ -31,7 +32,6 @@ from runtime.types import (
     ResponseOutput,
     UInt64,
 )
-from runtime.mlflow.signature import Signature, Spec
 
 _TEXT = "text (BYTES)"
 

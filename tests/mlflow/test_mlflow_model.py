@@ -13,7 +13,6 @@ import pytest
 
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, RequestInput
-
 from tests.conftest import InProcess
 from tests.mlflow.saved_models import IMPLEMENTATION, features
 

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.servers import RunningServer, start_server
 from tests.mlflow.saved_models import IMPLEMENTATION, features
+from tests.servers import RunningServer, start_server
 
 tritonclient_http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] drives the server")
 

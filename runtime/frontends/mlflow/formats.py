@@ -30,7 +30,14 @@ import orjson
 from runtime.codecs.pandas import column_values
 from runtime.errors import InvalidInput, shown
 from runtime.tensors import output_array
-from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, RequestInput
+from runtime.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    MetadataTensor,
+    Parameters,
+    RequestInput,
+)
 
 CSV = "text/csv"
 JSON = "application/json"

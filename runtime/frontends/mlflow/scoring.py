@@ -30,12 +30,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.core.dataplane import DataPlane
-from runtime.errors import ServerError
 from runtime.core.registry import ModelEntry
-from runtime.frontends.rest.app import read_body
-from runtime.frontends.rest.disconnect import cancel_on_disconnect
-from runtime.frontends.rest.status import headers_of, status_of
-from runtime.types import MetadataTensor
+from runtime.errors import ServerError
 from runtime.frontends.mlflow.formats import (
     CSV,
     UnsupportedContentType,
@@ -45,6 +41,10 @@ from runtime.frontends.mlflow.formats import (
     to_predictions,
     to_request,
 )
+from runtime.frontends.rest.app import read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.status import headers_of, status_of
+from runtime.types import MetadataTensor
 
 MLFLOW_NAMES = frozenset({"runtime.mlflow.MLflowModel", "mlserver_mlflow.MLflowRuntime"})
 """The implementations that make a model an MLflow model, before it is loaded."""

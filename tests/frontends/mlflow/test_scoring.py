@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from runtime.settings import ModelSettings, Settings
-
 from tests.conftest import InProcess
 from tests.mlflow.saved_models import IMPLEMENTATION, features
 
