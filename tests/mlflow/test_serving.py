@@ -120,3 +120,24 @@ def test_mlflows_own_scoring_client_is_answered(server: RunningServer, mlflow_mo
     predictions = client.invoke(frame).get_predictions()
     assert predictions.iloc[:, 0].tolist() == mlflow_models[1]["columns"].predict(frame).tolist()
     assert client.get_version() == metadata.version("mlflow")  # type: ignore[no-untyped-call]
+
+
+def test_tritonclient_over_grpc_sends_columns_with_the_pd_content_type(
+    server: RunningServer, mlflow_models: Models
+) -> None:
+    grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] drives the gRPC port")
+    frame = features(3, seed=21)
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    try:
+        inputs = []
+        for name, datatype in (("a", "FP64"), ("b", "FP64"), ("c", "INT64")):
+            values = frame[name].to_numpy()
+            inp = grpcclient.InferInput(name, list(values.shape), datatype)
+            inp.set_data_from_numpy(values)
+            inputs.append(inp)
+        result = client.infer("columns", inputs, parameters={"content_type": "pd"})
+    finally:
+        client.close()
+    labels = result.as_numpy("output-1")
+    assert labels.shape == (3, 1)
+    assert labels[:, 0].tolist() == mlflow_models[1]["columns"].predict(frame).tolist()
