@@ -250,6 +250,11 @@ class Settings(BaseSettings):
     start_stream/async_stream_infer do: errors in ``error_message``, every response carries the
     parameter ``triton_final_response``. Either way the stream stays open after an error."""
 
+    mlflow_model: str | None = None
+    """The model that answers MLflow's scoring route ``POST /invocations`` (and ``/health``). Unset:
+    the only MLflow model loaded (``runtime.mlflow.MLflowModel``), else the only model loaded; with
+    several of either and none named here, ``/invocations`` answers 404 saying so."""
+
     grpc_tls_certificate: str | None = None
     """Path of a PEM certificate (chain) for the gRPC port; with grpc_tls_private_key it turns TLS on."""
 

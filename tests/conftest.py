@@ -91,6 +91,16 @@ from tests.grpc_support import grpc_models, grpc_server  # noqa: E402
 __all__ = ["grpc_models", "grpc_server"]
 
 
+@pytest.fixture(scope="session")
+def mlflow_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """MLflow models saved once for the session with real mlflow (``tests.mlflow.saved_models``):
+    (their folder, the fitted estimators by name). Skips, saying why, without mlflow."""
+    from tests.mlflow.saved_models import save_models
+
+    root = tmp_path_factory.mktemp("mlflow-models")
+    return root, save_models(root)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that start a process or a real server (``-m "not server"`` is the fast loop)."""
     fast_loop.mark(items)

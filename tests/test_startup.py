@@ -32,6 +32,9 @@ HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette
 NOT_FOR_ECHO = [
     "torch",
     "runtime.torch.torch_model",
+    "mlflow",
+    "pandas",
+    "runtime.mlflow.mlflow_model",
     "grpc_reflection.v1alpha.reflection",
     "sse_starlette",
     "tarfile",

@@ -30,6 +30,7 @@ from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
 from runtime.frontends.docs.pages import docs_routes
 from runtime.frontends.kserve.v1 import KServeV1
+from runtime.frontends.mlflow.scoring import MLflowScoring
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
 from runtime.frontends.rest.middleware import wants_middleware, with_middleware
 from runtime.frontends.rest.repository_routes import repository_routes
@@ -216,6 +217,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
+        + MLflowScoring(dataplane).routes()
         + (extra_routes or []),
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )
