@@ -33,6 +33,12 @@ HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette
 NOT_FOR_ECHO = [
     "torch",
     "runtime.torch.torch_model",
+    "sklearn",
+    "joblib",
+    "xgboost",
+    "lightgbm",
+    "onnxruntime",
+    "runtime.tabular",
     "grpc_reflection.v1alpha.reflection",
     "sse_starlette",
     "tarfile",
