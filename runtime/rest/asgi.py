@@ -31,6 +31,7 @@ from ..errors import ServerError
 from ..kserve.v1 import KServeV1
 from ..torchserve.rest_api import TorchServeRest
 from .app import RestApi, _http_error, _server_error, _unexpected
+from .custom_routes import CustomHandlerRoutes
 from .repository_routes import repository_routes
 from .sse_routes import StreamingApi
 
@@ -181,6 +182,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
-        + (extra_routes or []),
+        + (extra_routes or [])
+        + [CustomHandlerRoutes(dataplane)],  # models' @custom_handler methods, after every fixed route
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )
