@@ -6,7 +6,7 @@ Served as MLServer 1.7's ``mlserver_sklearn.SKLearnModel`` serves it (that name 
   model's folder;
 - the request's ``outputs`` choose among ``predict``, ``predict_proba`` and ``transform`` (several
   at once allowed); none asked for: ``parameters.extra.predict_fn`` if set, else ``predict``;
-- each output is the estimator method's own array (labels ``INT64`` ``[N]``, probabilities
+- each output is the estimator method's own array (labels ``INT64`` ``[N, 1]`` (1-D answers get MLServer's ``[N, 1]``), probabilities
   ``FP64`` ``[N, classes]``...), tagged ``content_type: np``; a method answering a DataFrame is
   encoded by the codec that encodes DataFrames, as MLServer does.
 

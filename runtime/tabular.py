@@ -18,7 +18,7 @@ same way for all of them:
   ``parameters.extra.inline_ms``, 1 ms by default), and on a thread otherwise, so that a large
   batch or a slow model never stalls the server while a one-row call pays no thread hop;
 - outputs are numpy arrays tagged ``content_type: np``, as MLServer's NumpyCodec answers them
-  (:func:`numpy_output`).
+  (:func:`numpy_output`; a 1-D array, labels or a regressor's values, is ``[N, 1]``).
 """
 
 from __future__ import annotations
@@ -113,8 +113,12 @@ _RESPONSE_FIELDS = frozenset({"model_name", "model_version", "outputs"})
 
 
 def numpy_output(name: str, array: np.ndarray) -> ResponseOutput:
-    """``NumpyCodec.encode_output(name, array)`` for a numeric or boolean array, without
-    validation: the fields are known to be of their types (the fast path of every tabular answer)."""
+    """MLServer's ``NumpyCodec.encode_output(name, array)`` for a numeric or boolean array, without
+    validation: the fields are known to be of their types (the fast path of every tabular answer).
+
+    As MLServer's codec, a 1-D array is answered as ``[N, 1]`` (its ``inject_batch_dimension``)."""
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
     parameters = built(Parameters, dict(_NP_PARAMETERS), {"content_type"}, {})
     values = {
         "name": name,

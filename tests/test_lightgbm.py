@@ -40,7 +40,7 @@ async def test_a_text_model_through_uri(inprocess: InProcess, tmp_path: Path) ->
     async with inprocess.client() as client:
         response = await client.post("/v2/models/binary/infer", json=rows_body(x))
     [out] = response.json()["outputs"]
-    assert (out["datatype"], out["shape"]) == ("FP64", [3])
+    assert (out["datatype"], out["shape"]) == ("FP64", [3, 1])
     np.testing.assert_array_equal(out["data"], booster.predict(x))
 
 

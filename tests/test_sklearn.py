@@ -39,7 +39,7 @@ async def test_predict_is_the_default_output(inprocess: InProcess, tmp_path: Pat
     assert out == {
         "name": "predict",
         "datatype": "INT64",
-        "shape": [5],
+        "shape": [5, 1],  # 1-D answers are [N, 1], as MLServer's NumpyCodec says
         "data": model.predict(x).tolist(),
         "parameters": {"content_type": "np"},
     }
@@ -98,7 +98,7 @@ async def test_a_regressor_answers_predict_and_refuses_predict_proba(
         )
         unknown = await client.post("/v2/models/linear/infer", json=rows_body(x, outputs=[{"name": "nope"}]))
     [out] = answer.json()["outputs"]
-    assert (out["datatype"], out["shape"]) == ("FP64", [2])
+    assert (out["datatype"], out["shape"]) == ("FP64", [2, 1])
     np.testing.assert_allclose(out["data"], model.predict(x))
     assert refused.status_code == 400
     assert "LinearRegression" in refused.json()["error"] and "predict_proba" in refused.json()["error"]

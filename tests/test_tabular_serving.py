@@ -181,7 +181,7 @@ def test_adaptive_batching_merges_rows_and_splits_them_back_exactly(
         document = response.json()
         outputs = outputs_of(document)
         assert outputs["predict"]["data"] == model.predict(x).tolist()
-        assert outputs["predict"]["shape"] == [len(x)]
+        assert outputs["predict"]["shape"] == [len(x), 1]
         if i % 2:
             proba = outputs["predict_proba"]
             assert proba["shape"] == [len(x), 3]
@@ -254,7 +254,7 @@ async def test_the_management_api_registers_a_runtime_model(tmp_path: Path) -> N
 
         request = InferenceRequest(inputs=[RequestInput(name="x", shape=[2, 4], datatype="FP64", data=x)])
         response = await entry.model.predict(request)
-        assert response.outputs[0].data.tolist() == model.predict(x).tolist()
+        assert response.outputs[0].data.ravel().tolist() == model.predict(x).tolist()
     finally:
         await admin.management.close()
         await admin.registry.unload_all()

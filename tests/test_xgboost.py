@@ -37,7 +37,7 @@ async def test_a_classifier_answers_labels_and_probabilities(
             json=rows_body(x, outputs=[{"name": "predict"}, {"name": "predict_proba"}]),
         )
     [labels] = default.json()["outputs"]
-    assert (labels["name"], labels["datatype"], labels["shape"]) == ("predict", "INT64", [6])
+    assert (labels["name"], labels["datatype"], labels["shape"]) == ("predict", "INT64", [6, 1])
     assert labels["data"] == reference.predict(x).tolist()
     proba = outputs_of(both.json())["predict_proba"]
     assert (proba["datatype"], proba["shape"]) == ("FP32", [6, classes])
@@ -62,7 +62,7 @@ async def test_a_regressor_answers_values_and_refuses_probabilities(
             "/v2/models/reg/infer", json=rows_body(x, outputs=[{"name": "transform"}])
         )
     [out] = answer.json()["outputs"]
-    assert (out["datatype"], out["shape"]) == ("FP32", [3])
+    assert (out["datatype"], out["shape"]) == ("FP32", [3, 1])
     np.testing.assert_array_equal(np.array(out["data"], dtype=np.float32), reference.predict(x))
     assert refused.status_code == 400 and "XGBRegressor" in refused.json()["error"]
     assert unknown.status_code == 400 and "'transform'" in unknown.json()["error"]
