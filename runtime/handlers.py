@@ -6,7 +6,7 @@
             ...
 
 While the model is loaded and ready, ``POST /explain`` calls ``explain`` with the request's JSON
-body and answers its return value as JSON (``runtime.rest.custom_routes`` translates). The path is
+body and answers its return value as JSON (``runtime.frontends.rest.custom_routes`` translates). The path is
 the server's, not under ``/v2/models/...``, as in MLServer; two ready models claiming the same
 method and path: the first loaded answers. The decorator only marks the method: it is neither
 wrapped nor replaced.

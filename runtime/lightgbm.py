@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .tabular import Outputs, TabularModel, require, thread_count
-from .types import InferenceRequest
+from runtime.tabular import Outputs, TabularModel, require, thread_count
+from runtime.types import InferenceRequest
 
 PREDICT = "predict"
 

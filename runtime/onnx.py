@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import NumpyCodec
-from .errors import InvalidInput
-from .tabular import Outputs, TabularModel, require
-from .types import Datatype, InferenceRequest, MetadataTensor
+from runtime.codecs import NumpyCodec
+from runtime.errors import InvalidInput
+from runtime.tabular import Outputs, TabularModel, require
+from runtime.types import Datatype, InferenceRequest, MetadataTensor
 
 ONNX_DATATYPES: dict[str, str] = {
     "tensor(bool)": "BOOL",

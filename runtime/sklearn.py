@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidInput
-from .tabular import Outputs, TabularModel, require
-from .types import InferenceRequest
+from runtime.errors import InvalidInput
+from runtime.tabular import Outputs, TabularModel, require
+from runtime.types import InferenceRequest
 
 PREDICT = "predict"
 PREDICT_PROBA = "predict_proba"

@@ -36,11 +36,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .codecs import NumpyCodec, NumpyRequestCodec, find_request_codec
-from .errors import InvalidInput, ModelNotReady
-from .model import MLModel
-from .tensors import datatype_of, input_array
-from .types import (
+from runtime.codecs import NumpyCodec, NumpyRequestCodec, find_request_codec
+from runtime.errors import InvalidInput, ModelNotReady
+from runtime.model import MLModel
+from runtime.tensors import datatype_of, input_array
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,

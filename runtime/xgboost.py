@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidInput
-from .tabular import Outputs, TabularModel, require, thread_count
-from .types import InferenceRequest
+from runtime.errors import InvalidInput
+from runtime.tabular import Outputs, TabularModel, require, thread_count
+from runtime.types import InferenceRequest
 
 PREDICT = "predict"
 PREDICT_PROBA = "predict_proba"

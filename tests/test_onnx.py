@@ -11,8 +11,8 @@ from runtime.onnx import OnnxModel
 from runtime.settings import ModelSettings
 from runtime.types import State
 
-from .conftest import InProcess
-from .tabular_models import data, onnx_graph, outputs_of, write_settings
+from tests.conftest import InProcess
+from tests.tabular_models import data, onnx_graph, outputs_of, write_settings
 
 pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
 

@@ -10,8 +10,8 @@ import pytest
 from runtime.settings import ModelSettings
 from runtime.types import State
 
-from .conftest import InProcess
-from .tabular_models import (
+from tests.conftest import InProcess
+from tests.tabular_models import (
     data,
     outputs_of,
     rows_body,

@@ -13,8 +13,8 @@ from runtime.sklearn import SKLearnModel
 from runtime.tabular import MissingExtra, model_file, require
 from runtime.types import State
 
-from .conftest import InProcess
-from .tabular_models import data, rows_body, sklearn_classifier, write_settings
+from tests.conftest import InProcess
+from tests.tabular_models import data, rows_body, sklearn_classifier, write_settings
 
 pytest.importorskip("sklearn", reason="the [sklearn] extra is not installed")
 

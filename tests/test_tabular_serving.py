@@ -18,10 +18,10 @@ import yaml
 from runtime.repository import IMPLEMENTATION_ALIASES, import_model_class
 from runtime.settings import ModelSettings
 
-from .conftest import ROOT
-from .management.test_api import Admin
-from .servers import RunningServer, launch_server, start_server, start_servers
-from .tabular_models import (
+from tests.conftest import ROOT
+from tests.frontends.management.test_api import Admin
+from tests.servers import RunningServer, launch_server, start_server, start_servers
+from tests.tabular_models import (
     data,
     lightgbm_booster,
     onnx_graph,

@@ -10,8 +10,8 @@ import pytest
 from runtime.settings import ModelSettings
 from runtime.xgboost import XGBoostModel
 
-from .conftest import InProcess
-from .tabular_models import data, outputs_of, rows_body, xgboost_classifier, xgboost_regressor
+from tests.conftest import InProcess
+from tests.tabular_models import data, outputs_of, rows_body, xgboost_classifier, xgboost_regressor
 
 pytest.importorskip("xgboost", reason="the [xgboost] extra is not installed")
 

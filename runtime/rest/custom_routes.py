@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import Receive, Scope, Send
 
-from ..dataplane import DataPlane
-from ..errors import InvalidInput
-from .app import json_response, read_body
+from runtime.core.dataplane import DataPlane
+from runtime.errors import InvalidInput
+from runtime.frontends.rest.app import json_response, read_body
 
 MAX_BODY = 64 * 1024 * 1024
 

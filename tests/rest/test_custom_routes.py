@@ -12,7 +12,7 @@ from runtime.handlers import custom_handler
 from runtime.model import MLModel
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
+from tests.conftest import InProcess
 
 
 class Handlers(MLModel):
