@@ -10,7 +10,6 @@ import pytest
 from runtime.onnx import OnnxModel
 from runtime.settings import ModelSettings
 from runtime.types import State
-
 from tests.conftest import InProcess
 from tests.tabular_models import data, onnx_graph, outputs_of, write_settings
 

@@ -9,7 +9,6 @@ import pytest
 
 from runtime.settings import ModelSettings
 from runtime.types import State
-
 from tests.conftest import InProcess
 from tests.tabular_models import (
     data,

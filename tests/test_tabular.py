@@ -12,7 +12,6 @@ from runtime.settings import ModelParameters, ModelSettings
 from runtime.sklearn import SKLearnModel
 from runtime.tabular import MissingExtra, model_file, require
 from runtime.types import State
-
 from tests.conftest import InProcess
 from tests.tabular_models import data, rows_body, sklearn_classifier, write_settings
 

@@ -17,7 +17,6 @@ import yaml
 
 from runtime.repository import IMPLEMENTATION_ALIASES, import_model_class
 from runtime.settings import ModelSettings
-
 from tests.conftest import ROOT
 from tests.frontends.management.test_api import Admin
 from tests.servers import RunningServer, launch_server, start_server, start_servers

@@ -9,7 +9,6 @@ import pytest
 
 from runtime.settings import ModelSettings
 from runtime.xgboost import XGBoostModel
-
 from tests.conftest import InProcess
 from tests.tabular_models import data, outputs_of, rows_body, xgboost_classifier, xgboost_regressor
 
