@@ -110,3 +110,31 @@ async def test_thread_settings_are_checked(inprocess: InProcess, tmp_path: Path)
     await load(inprocess, tmp_path / "bad")
     entry = inprocess.registry.find("bad")
     assert entry.state is State.UNAVAILABLE and "inter_op_threads" in entry.reason
+
+
+async def test_bytes_inputs_and_outputs_are_text(inprocess: InProcess, tmp_path: Path) -> None:
+    """onnxruntime takes and gives ``str``; the server's BYTES tensors hold ``bytes``."""
+    onnx = pytest.importorskip("onnx", reason="onnx is not installed (the test extra brings it)")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["text"], ["same"])],
+        "echo-text",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("same", TensorProto.STRING, ["N"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = write_settings(tmp_path / "text", "runtime.onnx.OnnxModel")
+    onnx.save(model, str(folder / "model.onnx"))
+    await load(inprocess, folder)
+    body = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["héllo", "wörld"]}]}
+    async with inprocess.client() as client:
+        response = await client.post("/v2/models/text/infer", json=body)
+    [out] = response.json()["outputs"]
+    assert (out["name"], out["datatype"], out["shape"], out["data"]) == (
+        "same",
+        "BYTES",
+        [2],
+        ["héllo", "wörld"],
+    )
