@@ -1,7 +1,8 @@
 """The benchmark: this server against the bare ceilings, side by side in one run.
 
-    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory]
+    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular]
                           [--rounds 3] [--seconds 3] [--no-pin] [--baseline OTHER_CHECKOUT]
+                          [--mlserver MLSERVER_COMMAND]
 
 Every server runs as its own process on 127.0.0.1 with free ports: this server (``mlserver-like
 start``) on the folders each row needs, and the bare ceilings of ``benchmarks/bare.py`` (bare
@@ -27,6 +28,11 @@ Rows (``--only`` picks some):
 - ``startup``: cold start to ready of the echo model alone, and of the torch examples against
   ``import torch`` (+ 0.3 s is the target); medians of interleaved starts;
 - ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server).
+- ``tabular``: a scikit-learn LogisticRegression and an XGBClassifier served by this server
+  (unbatched, and with adaptive batching) and by MLServer 1.7.1 (``--mlserver CMD`` or
+  ``BENCH_MLSERVER``; without it that side is skipped) on the same files, ``--clients`` clients
+  sending one row each: requests per server-CPU-second against MLServer's
+  (``benchmarks/bench_tabular.py``, its own table, printed after the others).
 
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
@@ -63,6 +69,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import bench_tabular  # noqa: E402
 from benchmarks import instructions as counting  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     Result,
@@ -75,7 +82,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from tests.servers import RunningServer, start_server  # noqa: E402
 
-ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory"]
+ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular"]
 TARGETS = {"rest": 0.8, "rest-1": 0.9, "grpc": 0.9, "torch": 1.5, "sequence": 0.85}
 START_TARGET_S = 0.3  # echo alone: at most this; torch examples: at most import torch + this
 RSS_TARGET_MIB = 50.0
@@ -699,6 +706,7 @@ def main() -> int:
     parser.add_argument("--max-concurrent-batches", type=int, default=1, help="torch row")
     parser.add_argument("--sequences", type=int, default=128, help="sequence row: concurrent sequences")
     parser.add_argument("--no-pin", action="store_true", help="leave every process on every core")
+    bench_tabular.add_arguments(parser)
     parser.add_argument(
         "--baseline",
         metavar="DIR",
@@ -733,6 +741,19 @@ def main() -> int:
         if getattr(args, name) is None:
             setattr(args, name, default)
 
+    tabular = "tabular" in args.only
+    args.only = [name for name in args.only if name != "tabular"]
+    met = True
+    if args.only:
+        met = measure_rows(args)
+    if tabular:
+        met &= bench_tabular.run(args) == 0
+    print("every target met" if met else "some targets not met")
+    return 0
+
+
+def measure_rows(args: argparse.Namespace) -> bool:
+    """The rows of this module (every one but ``tabular``); whether every target was met."""
     bench = Bench(args)
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
@@ -769,8 +790,7 @@ def main() -> int:
         met = print_table(rows, extra, bench.baseline is not None)
     finally:
         bench.close()
-    print("every target met" if met else "some targets not met")
-    return 0
+    return met
 
 
 def instructions(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ It follows MLServer's ``MLModel`` so that a model written for MLServer runs here
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 from runtime.codecs import (
     InputCodec,
@@ -33,6 +33,11 @@ from runtime.types import (
 
 class MLModel:
     """Base class of every model the server serves."""
+
+    default_outputs_all: ClassVar[bool] = True
+    """Whether a request that names no outputs is answered with every output the model has. The
+    adaptive batcher then merges it with requests that name some; a model whose default is fewer
+    outputs (scikit-learn's is ``predict`` alone) sets False, and such requests batch apart."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self._settings = settings

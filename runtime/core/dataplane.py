@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -29,6 +31,8 @@ from runtime.core.observer import Observer
 from runtime.core.registry import ModelEntry, Registry
 from runtime.core.request_checks import finish_response, prepare_request
 from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
+from runtime.handlers import CustomHandler, get_custom_handlers
+from runtime.model import MLModel
 from runtime.repository import RepositoryError, relative_paths, settings_in_repository
 from runtime.scheduling.queueing import queue_timeout
 from runtime.settings import ModelSettings, Settings
@@ -76,6 +80,10 @@ class DataPlane:
         """The tasks serving a unary request now (``infer``)."""
         self._cut: set[asyncio.Task[Any]] = set()
         """Those of them that ``cut_unary`` cancelled."""
+        self._handlers: weakref.WeakKeyDictionary[MLModel, list[tuple[CustomHandler, Callable[..., Any]]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each loaded model's ``@custom_handler`` methods, found on first use."""
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -362,6 +370,41 @@ class DataPlane:
             self.streams.closed()
             if observed is not None:
                 observed.close(cancelled=not ended)
+
+    # ------------------------------------------------------------------ custom handlers
+
+    def custom_handler(self, method: str, path: str) -> Callable[..., Any] | None:
+        """The ready model method marked ``@custom_handler`` for ``method path`` (None: no model's).
+
+        Models served by worker processes are not asked: their methods run in the workers, and
+        only ``predict`` crosses to them."""
+        for entry in self.registry.entries():
+            model = entry.model
+            if model is None or entry.workers is not None or not entry.ready:
+                continue
+            handlers = self._handlers.get(model)
+            if handlers is None:
+                handlers = self._handlers[model] = get_custom_handlers(model)
+            for handler, bound in handlers:
+                if handler.rest_method == method and handler.rest_path == path:
+                    return bound
+        return None
+
+    async def call_handler(self, method: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+        """What a model's custom handler returns for ``arguments``; errors sorted as inference's are
+        (the error tree's pass through, anything else becomes ModelFailed with the cause chained)."""
+        try:
+            result = method(**arguments)
+            if inspect.isawaitable(result):
+                result = await result
+        except ServerError:
+            raise
+        except Exception as exc:
+            owner = getattr(getattr(method, "__self__", None), "name", "?")
+            raise ModelFailed(
+                f"Model {owner!r} failed in its handler {method.__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return result
 
     # ------------------------------------------------------------------ model repository
 

@@ -82,6 +82,7 @@ class AdaptiveScheduler(Scheduler):
         self._closing = False
         self._batch_ids = itertools.count(1)
         self._holds_collector = False
+        self._default_is_all = model.default_outputs_all
 
     @property
     def name(self) -> str:
@@ -142,7 +143,7 @@ class AdaptiveScheduler(Scheduler):
             raise ShuttingDown(f"Model {self.name!r} is unloading")
         if self._former is None:
             raise ModelNotReady(f"Model {self.name!r} is not started")
-        shape = batch_shape(request)
+        shape = batch_shape(request, self._default_is_all)
         timeout = queue_timeout(request, self.settings.queue_timeout)
         alone = shape.key is None
         caller = _Caller(

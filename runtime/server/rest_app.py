@@ -33,6 +33,7 @@ from runtime.frontends.kserve.v1 import KServeV1
 from runtime.frontends.mlflow.scoring import MLflowScoring
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
 from runtime.frontends.rest.middleware import wants_middleware, with_middleware
+from runtime.frontends.rest.custom_routes import CustomHandlerRoutes
 from runtime.frontends.rest.repository_routes import repository_routes
 from runtime.frontends.rest.sse_routes import StreamingApi
 from runtime.frontends.torchserve.rest_api import TorchServeRest
@@ -218,7 +219,8 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
         + MLflowScoring(dataplane).routes()
-        + (extra_routes or []),
+        + (extra_routes or [])
+        + [CustomHandlerRoutes(dataplane)],  # models' @custom_handler methods, after every fixed route
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.use_middleware(dataplane.settings)
