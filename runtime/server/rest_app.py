@@ -32,8 +32,8 @@ from runtime.frontends.docs.pages import docs_routes
 from runtime.frontends.kserve.v1 import KServeV1
 from runtime.frontends.mlflow.scoring import MLflowScoring
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
-from runtime.frontends.rest.middleware import wants_middleware, with_middleware
 from runtime.frontends.rest.custom_routes import CustomHandlerRoutes
+from runtime.frontends.rest.middleware import wants_middleware, with_middleware
 from runtime.frontends.rest.repository_routes import repository_routes
 from runtime.frontends.rest.sse_routes import StreamingApi
 from runtime.frontends.torchserve.rest_api import TorchServeRest
