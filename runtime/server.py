@@ -28,6 +28,9 @@ from .model import MLModel
 from .observability import Observability
 from .registry import Registry
 from .repository import read_repository
+from .repository_poll import RepositoryPoll
+from .residency import Residency
+from .response_cache import make_cache
 from .rest import create_app
 from .rest.protocol import guarded_protocol
 from .scheduling import collector
@@ -86,7 +89,11 @@ class Server:
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
         self.registry = Registry(
-            settings.model_repository_root, settings.parallel_workers, settings.shutdown_grace_period
+            settings.model_repository_root,
+            settings.parallel_workers,
+            settings.shutdown_grace_period,
+            Residency(settings.max_loaded_models, settings.models_memory_limit, settings.model_load_wait),
+            make_cache(settings.response_cache, settings.response_cache_size, settings.response_cache_ttl),
         )
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
@@ -106,6 +113,8 @@ class Server:
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
         self._watchdog: LoopWatchdog | None = None
+        self.poll: RepositoryPoll | None = None
+        """Follows the model repository (``repository_poll_interval``; None: off)."""
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
         broken: list[tuple[Path, str]] = []
@@ -113,14 +122,41 @@ class Server:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        if self.registry.residency.on_demand:
+            models = await self._register_on_demand(models)
         self.dataplane.expect(models, [path.parent.name for path, _ in broken])
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
+    async def _register_on_demand(self, models: list[ModelSettings]) -> list[ModelSettings]:
+        """Under a residency limit: register every model, and return those to load now (the
+        pinned ones, then, with ``load_models_at_startup``, the others while they fit)."""
+        for settings in models:
+            self.registry.register(settings)
+        pinned = [m for m in models if m.pinned]
+        if not self.settings.load_models_at_startup:
+            return pinned
+        residency, count = self.registry.residency, len(pinned)
+        rest = [m for m in models if not m.pinned]
+        fitting = rest[: max(0, residency.max_loaded - count)] if residency.max_loaded else rest
+        if residency.memory_limit:  # their sizes are known only once loaded: load them one by one
+            for settings in fitting:
+                await self.registry.load(settings)
+            return pinned
+        return pinned + fitting
+
     async def start(self, models: list[ModelSettings] | None = None) -> None:
         """Load the models (unless told not to) and start listening."""
-        if self.settings.load_models_at_startup or models is not None:
+        if self.settings.load_models_at_startup or models is not None or self.registry.residency.on_demand:
             with fewer_collections():
                 await self.load_models(models)
+        if self.settings.repository_poll_interval > 0:
+            self.poll = RepositoryPoll(
+                self.registry,
+                self.settings.model_repository_root,
+                self.settings.repository_poll_interval,
+                self.dataplane.forget,
+            )
+            await self.poll.start()
         self.observability.start()
         app = self.observability.wrap_rest(create_app(self.dataplane))
         self._http, self._http_task, self.http_port = await self._serve_http(app, self.settings.http_port)
@@ -244,6 +280,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
         self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self.poll is not None:
+            await self.poll.stop()
         if self._grpc is not None:
             await self._grpc.health.refresh()
         await self.registry.hand_over()  # sequences in a shared store go on at other replicas now
