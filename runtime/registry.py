@@ -103,6 +103,12 @@ class ModelEntry:
         return self.state is State.READY and self.model is not None and self.model.ready
 
 
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A load's failure is its waiters' (they may all have timed out): retrieved, not logged twice."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
     if version is None:
         return (-1, "")
@@ -248,6 +254,7 @@ class Registry:
         try:
             if current.loading is None:
                 current.loading = asyncio.get_running_loop().create_task(self._load_on_demand(current))
+                current.loading.add_done_callback(_retrieved)
             wait = self.residency.wait if timeout is None else min(timeout, self.residency.wait)
             try:
                 async with asyncio.timeout(wait):

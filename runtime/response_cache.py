@@ -48,11 +48,11 @@ def request_digest(request: InferenceRequest) -> str | None:
     digest = hashlib.blake2b(digest_size=20)
     head: list[Any] = [params]
     for inp in request.inputs:
-        own = inp.parameters.model_dump(exclude_none=True) if inp.parameters is not None else None
+        own = inp.parameters.model_dump(exclude_none=True) or None if inp.parameters is not None else None
         head.append((inp.name, str(inp.datatype), list(inp.shape), own))
     head.append(
         [
-            (out.name, out.parameters.model_dump(exclude_none=True) if out.parameters else None)
+            (out.name, out.parameters.model_dump(exclude_none=True) or None if out.parameters else None)
             for out in request.outputs or ()
         ]
     )
