@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from .errors import ModelNotFound
 from .registry import Registry
@@ -82,8 +83,12 @@ class RepositoryPoll:
         self.seen: dict[Path, Fingerprint] = {}
         self.names: dict[Path, tuple[str, str | None]] = {}
         self.looks = 0
-        """Looks taken so far (tests and logs wait on it)."""
+        """Looks taken so far."""
+        self._looked: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._work: set[asyncio.Task[None]] = set()
+        """Loads and unloads under way: a look does not wait for them (an unload waits for the
+        model's work to end, a reload for the new copy)."""
 
     async def start(self) -> None:
         """Take the first look (what the server loaded at start) and follow from there."""
@@ -100,6 +105,22 @@ class RepositoryPoll:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until the loads and unloads that the looks so far started have ended."""
+        while self._work:
+            await asyncio.gather(*self._work, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._work.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("Following the model repository failed", exc_info=task.exception())
 
     async def _follow(self) -> None:
         while True:
@@ -121,6 +142,15 @@ class RepositoryPoll:
             elif before[path] != print_:
                 await self._change(path)
         self.looks += 1
+        if self._looked is not None:
+            self._looked.set()
+            self._looked = None
+
+    async def next_look(self) -> None:
+        """Wait until the next look has been taken and acted upon (a change made now is seen)."""
+        if self._looked is None:
+            self._looked = asyncio.Event()
+        await self._looked.wait()
 
     def _read(self, path: Path) -> ModelSettings | None:
         try:
@@ -138,7 +168,10 @@ class RepositoryPoll:
         if self.registry.residency.on_demand and not settings.pinned:
             self.registry.register(settings)
         else:
-            await self.registry.load(settings)
+            self._spawn(self._load(settings))
+
+    async def _load(self, settings: ModelSettings) -> None:
+        await self.registry.load(settings)
 
     async def _change(self, path: Path) -> None:
         settings = await asyncio.to_thread(self._read, path)
@@ -157,17 +190,21 @@ class RepositoryPoll:
             entry.settings = settings  # loaded with these by its next request
             forget_local_modules(path.parent)
             return
-        await self.registry.load(settings)
+        self._spawn(self._load(settings))
 
     async def _remove(self, path: Path) -> None:
         named = self.names.pop(path, None)
         if named is None:
             return
-        name, version = named
-        logger.info("Model folder removed: %s (model %r): unloading after its work", path.parent.name, name)
+        logger.info(
+            "Model folder removed: %s (model %r): unloading after its work", path.parent.name, named[0]
+        )
+        self._spawn(self._unload(*named))
+
+    async def _unload(self, name: str, version: str | None) -> None:
+        if self.removed is not None:
+            self.removed(name)
         try:
             await self.registry.unload(name, version, reason="removed", forget=True)
         except ModelNotFound:
             return
-        if self.removed is not None:
-            self.removed(name)
