@@ -164,7 +164,7 @@ class Registry:
         """The entry to serve ``name`` with: ready, or not loaded and loaded on demand by
         ``acquire``; raises as ``get`` does otherwise."""
         entry = self.find(name, version)
-        if entry.ready or (entry.on_demand and entry.state is not State.UNLOADING):
+        if entry.ready or entry.on_demand:
             return entry
         return self.get(name, version)
 
@@ -248,7 +248,7 @@ class Registry:
             current.busy += 1
             current.used = next(self.clock)
             return current
-        if not current.on_demand or current.state is State.UNLOADING:
+        if not current.on_demand:
             self.get(current.name, current.version)  # raises ModelNotReady, with the reason
         current.busy += 1
         try:
@@ -283,6 +283,10 @@ class Registry:
             async with self._one_load:
                 if entry.ready:
                     return
+                if self._entries.get(entry.name, {}).get(entry.version) is not entry:
+                    raise ModelNotReady(f"Model {entry.name!r} was unloaded and removed meanwhile")
+                if entry.loaded:  # an unload asked for through the API is under way
+                    raise ModelNotReady(f"Model {entry.name!r} is being unloaded; try again")
                 await self._make_room(entry)
                 entry.state, entry.reason = State.LOADING, ""
                 try:

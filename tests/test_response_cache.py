@@ -26,7 +26,7 @@ def prepared(**request: object) -> InferenceRequest:
     """A request as the DataPlane's checks leave it: its inputs numpy arrays."""
     parsed = InferenceRequest.model_validate(request)
     for inp in parsed.inputs:
-        inp.data = input_array(inp)  # type: ignore[assignment]
+        inp.data = input_array(inp)
     return parsed
 
 
