@@ -90,8 +90,10 @@ async def cold_client(port: int, seconds: float, every: float, cold: int, first:
         begin = time.perf_counter()
         while time.perf_counter() - begin < seconds:
             i = (first + asked) % cold
+            start = time.perf_counter()
             writer.write(infer(port, f"cold{i}", 5.0))
             status, _, body = await read_response(reader)
+            result.latencies.append(time.perf_counter() - start)
             asked += 1
             if status != 200 or answer_of(body) != 1005.0 + i:
                 result.error(f"cold{i}: {status} {body[:200]!r}")

@@ -48,6 +48,8 @@ from .warmup import WarmupError, warmup_requests
 
 logger = logging.getLogger(__name__)
 
+_READY = State.READY
+
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
 T = TypeVar("T")
@@ -223,7 +225,7 @@ class DataPlane:
                     return finish_response(answer_from(cached), request, entry)
         task = asyncio.current_task()
         assert task is not None
-        if entry.ready:  # taken in this turn of the loop: it cannot be unloaded meanwhile
+        if entry.state is _READY:  # taken in this turn of the loop: it cannot be unloaded meanwhile
             entry.busy += 1
             entry.used = next(self._clock)
         else:  # loaded on demand, or replaced since the transport found it

@@ -196,3 +196,15 @@ def test_a_bad_memory_size_is_refused() -> None:
     with pytest.raises(ValueError, match="not a size"):
         Settings(models_memory_limit="lots")
     assert ModelSettings(pinned=True).pinned
+
+
+async def test_a_model_in_a_worker_process_is_measured_by_its_worker_and_evicted(tmp_path: Path) -> None:
+    """In worker processes the model's memory is its workers' resident memory; evicting it stops them."""
+    async with repository(tmp_path, {"w": {"workers": 1}, "b": {}}, max_loaded_models=1) as (server, http):
+        assert answer(await http.post("/v2/models/w/infer", json=body(1))) == 101
+        entry = server.registry.find("w")
+        assert entry.workers is not None and entry.memory > 1024 * 1024  # a whole Python process
+        workers = entry.workers
+        assert answer(await http.post("/v2/models/b/infer", json=body(1))) == 201
+        assert entry.workers is None and entry.reason == NOT_LOADED
+        assert all(w["status"] in ("STOPPED", "DEAD") for w in workers.describe()) or not workers.ready

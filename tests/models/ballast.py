@@ -1,7 +1,7 @@
 """A model that holds ``mib`` MiB of resident memory while loaded, for the many-models tests.
 
-``parameters.extra``: ``mib`` (default 40) of numpy ones, written at load so that every page is
-resident; ``k``, added to the input, so that each model's answer is its own (x + k); ``gate``:
+``parameters.extra``: ``mib`` (default 40) of numpy ones, written at load (in a thread) so that every
+page is resident; ``k``, added to the input, so that each model's answer is its own (x + k); ``gate``:
 when true, ``predict`` waits until the test opens ``gate`` (a request held in flight);
 ``fail_on``: an input value that makes ``predict`` raise (a failing warm-up). Every request it
 serves is recorded in ``seen`` (warm-up ones too), and the instances alive in this process in
@@ -40,7 +40,8 @@ class Ballast(MLModel):
         self.entered = asyncio.Event()
         self.calls = 0
         self.seen: list[float] = []
-        self.weights = np.ones(int(float(extra.get("mib", 40)) * MIB) // 8)
+        # as a model should load its weights: off the event loop, which serves other models meanwhile
+        self.weights = await asyncio.to_thread(np.ones, int(float(extra.get("mib", 40)) * MIB) // 8)
         LOADED[self.name] = self
         return True
 
