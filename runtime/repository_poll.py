@@ -27,10 +27,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelNotFound
-from .registry import Registry
-from .repository import RepositoryError, find_model_settings, forget_local_modules
-from .settings import MODEL_SETTINGS_FILENAME, ModelSettings
+from runtime.errors import ModelNotFound
+from runtime.core.registry import Registry
+from runtime.repository import RepositoryError, find_model_settings, forget_local_modules
+from runtime.settings import MODEL_SETTINGS_FILENAME, ModelSettings
 
 logger = logging.getLogger(__name__)
 

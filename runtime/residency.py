@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
-from .observability.counts import Histogram
+from runtime.telemetry.counts import Histogram
 
 LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Seconds, for the load-time histogram."""

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .errors import Unavailable
-from .types import InferenceRequest, InferenceResponse
+from runtime.errors import Unavailable
+from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RedisCache(ResponseCache):
     """Pickled answers in Redis, shared by replicas, each expiring after ``ttl`` seconds."""
 
     def __init__(self, url: str, ttl: float) -> None:
-        from .sequences.redis_store import connect  # the one Redis client setup
+        from runtime.sequences.redis_store import connect  # the one Redis client setup
 
         super().__init__()
         self.url = url
@@ -157,7 +157,7 @@ class RedisCache(ResponseCache):
         return f"mlserver:cache:{key[0]}:{key[1]}:"
 
     async def _call(self, call: Any) -> Any:
-        from .sequences.redis_store import reach
+        from runtime.sequences.redis_store import reach
 
         return await reach(call, self._error, "response cache")
 
@@ -173,7 +173,7 @@ class RedisCache(ResponseCache):
         return found if isinstance(found, InferenceResponse) else None
 
     async def put(self, name: str, version: str | None, digest: str, response: InferenceResponse) -> None:
-        from .sequences.redis_store import dumps
+        from runtime.sequences.redis_store import dumps
 
         key = self._prefix((name, version or "")) + digest
         try:

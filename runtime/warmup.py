@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .settings import ModelSettings
-from .types import InferenceRequest
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest
 
 
 class WarmupError(Exception):

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import Settings
 
 MIB = 1024 * 1024

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .many_models import MIB, answer, body, metric, write_model
-from .servers import start_server
+from tests.many_models import MIB, answer, body, metric, write_model
+from tests.servers import start_server
 
 MODELS = 12
 CLIENTS = 16

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 
 from runtime.repository_poll import RepositoryPoll, fingerprint
-from runtime.server import Server
+from runtime.server.serving import Server
 
-from .many_models import answer, body, serving_repository, write_model
-from .models.ballast import Ballast
+from tests.many_models import answer, body, serving_repository, write_model
+from tests.models.ballast import Ballast
 
 
 async def seen(server: Server) -> None:

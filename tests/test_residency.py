@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.registry import NOT_LOADED
+from runtime.core.registry import NOT_LOADED
 from runtime.residency import Residency, resident_bytes
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings, parse_size
 from runtime.types import State
 
-from .many_models import MIB, answer, body, serving_repository, write_model
-from .models.ballast import Ballast
+from tests.many_models import MIB, answer, body, serving_repository, write_model
+from tests.models.ballast import Ballast
 
 
 @asynccontextmanager

@@ -11,15 +11,15 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.response_cache import MemoryCache, answer_from, make_cache, request_digest
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.tensors import input_array
 from runtime.types import InferenceRequest, InferenceResponse
 
-from .many_models import answer, body, metric, serving_repository, write_model
-from .models.ballast import Ballast
+from tests.many_models import answer, body, metric, serving_repository, write_model
+from tests.models.ballast import Ballast
 
 
 def prepared(**request: object) -> InferenceRequest:
@@ -135,7 +135,7 @@ async def test_a_hit_answers_with_its_own_id_without_calling_the_model(tmp_path:
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    from .external import redis_server
+    from tests.external import redis_server
 
     with redis_server() as url:
         yield url

@@ -13,8 +13,8 @@ from runtime.settings import ModelSettings
 from runtime.types import State
 from runtime.warmup import WarmupError, warmup_requests
 
-from .many_models import answer, body, serving_repository, write_model
-from .models.ballast import Ballast
+from tests.many_models import answer, body, serving_repository, write_model
+from tests.models.ballast import Ballast
 
 
 def settings_in(folder: Path, warmup: object) -> ModelSettings:
