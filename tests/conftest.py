@@ -8,9 +8,8 @@ import pytest
 
 from runtime.core.dataplane import DataPlane
 from runtime.core.registry import Registry
-from runtime.frontends.rest import create_app
+from runtime.server.rest_app import create_app
 from runtime.settings import ModelSettings, Settings
-
 from tests.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
