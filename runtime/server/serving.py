@@ -124,27 +124,36 @@ class Server:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
+        unreadable = [path.parent.name for path, _ in broken]
         if self.registry.residency.on_demand:
-            models = await self._register_on_demand(models)
-        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
+            await self._load_under_limits(models, unreadable)
+            return
+        self.dataplane.expect(models, unreadable)
         await asyncio.gather(*(self.registry.load(m) for m in models))
 
-    async def _register_on_demand(self, models: list[ModelSettings]) -> list[ModelSettings]:
-        """Under a residency limit: register every model, and return those to load now (the
-        pinned ones, then, with ``load_models_at_startup``, the others while they fit)."""
+    async def _load_under_limits(self, models: list[ModelSettings], unreadable: list[str]) -> None:
+        """Under a residency limit: register every model, load the pinned ones (readiness waits
+        for them), then, with ``load_models_at_startup``, the others in order while they fit."""
         for settings in models:
             self.registry.register(settings)
         pinned = [m for m in models if m.pinned]
+        self.dataplane.expect(pinned, unreadable)
+        for settings in pinned:
+            await self.registry.load(settings)
         if not self.settings.load_models_at_startup:
-            return pinned
-        residency, count = self.registry.residency, len(pinned)
-        rest = [m for m in models if not m.pinned]
-        fitting = rest[: max(0, residency.max_loaded - count)] if residency.max_loaded else rest
-        if residency.memory_limit:  # their sizes are known only once loaded: load them one by one
-            for settings in fitting:
-                await self.registry.load(settings)
-            return pinned
-        return pinned + fitting
+            return
+        residency = self.registry.residency
+        for settings in models:
+            if settings.pinned:
+                continue
+            entry = self.registry.find(settings.name, settings.version)
+            resident = self.registry.resident()
+            full = residency.memory_limit and sum(e.memory for e in resident) >= residency.memory_limit
+            if full or not residency.fits(resident, entry):
+                break
+            await self.registry.load(settings)
+            if len(self.registry.resident()) <= len(resident):  # it took another's room: full
+                break
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
         """Load the models (unless told not to) and start listening."""

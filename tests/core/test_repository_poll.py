@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import httpx
-from runtime.core.repository_poll import RepositoryPoll, fingerprint
 
+from runtime.core.repository_poll import RepositoryPoll, fingerprint
 from runtime.server.serving import Server
 from tests.many_models import answer, body, serving_repository, write_model
 from tests.models.ballast import Ballast

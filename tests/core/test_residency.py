@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from runtime.core.residency import Residency, resident_bytes
 
 from runtime.core.registry import NOT_LOADED
+from runtime.core.residency import Residency, resident_bytes
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings, parse_size
 from runtime.types import State
@@ -207,3 +207,14 @@ async def test_a_model_in_a_worker_process_is_measured_by_its_worker_and_evicted
         assert answer(await http.post("/v2/models/b/infer", json=body(1))) == 201
         assert entry.workers is None and entry.reason == NOT_LOADED
         assert all(w["status"] in ("STOPPED", "DEAD") for w in workers.describe()) or not workers.ready
+
+
+async def test_at_start_the_models_load_in_order_while_they_fit(tmp_path: Path) -> None:
+    models: dict[str, dict[str, Any]] = {name: {"extra": {"mib": 12}} for name in ("a", "b", "c", "d")}
+    async with repository(
+        tmp_path, {**models, "p": {"pinned": True}}, load_models_at_startup=True, models_memory_limit=30 * MIB
+    ) as (server, _http):
+        loaded = {e.name for e in server.registry.resident()}
+        assert "p" in loaded and "d" not in loaded  # pinned first, then in order until the room is taken
+        total_loads = sum(counts.loads for counts in server.registry.residency.counts.values())
+        assert total_loads <= 4  # not every model loaded and evicted in turn

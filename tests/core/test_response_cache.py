@@ -10,8 +10,8 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from runtime.core.response_cache import MemoryCache, answer_from, make_cache, request_digest
 
+from runtime.core.response_cache import MemoryCache, answer_from, make_cache, request_digest
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.server.serving import Server

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from runtime.core.warmup import WarmupError, warmup_requests
 
+from runtime.core.warmup import WarmupError, warmup_requests
 from runtime.settings import ModelSettings
 from runtime.types import State
 from tests.many_models import answer, body, serving_repository, write_model
