@@ -1,6 +1,6 @@
 """The benchmark: this server against the bare ceilings, side by side in one run.
 
-    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular]
+    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular,many-models]
                           [--rounds 3] [--seconds 3] [--no-pin] [--baseline OTHER_CHECKOUT]
                           [--mlserver MLSERVER_COMMAND]
 
@@ -27,12 +27,15 @@ Rows (``--only`` picks some):
   same server at the same concurrency;
 - ``startup``: cold start to ready of the echo model alone, and of the torch examples against
   ``import torch`` (+ 0.3 s is the target); medians of interleaved starts;
-- ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server).
+- ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server);
 - ``tabular``: a scikit-learn LogisticRegression and an XGBClassifier served by this server
   (unbatched, and with adaptive batching) and by MLServer 1.7.1 (``--mlserver CMD`` or
   ``BENCH_MLSERVER``; without it that side is skipped) on the same files, ``--clients`` clients
   sending one row each: requests per server-CPU-second against MLServer's
-  (``benchmarks/bench_tabular.py``, its own table, printed after the others).
+  (``benchmarks/bench_tabular.py``, its own table, printed after the others);
+- ``many-models``: a hot model's p50 and p99 beside a client asking a cold model every 100 ms
+  (each a load on demand and an eviction) against the same hot loop alone
+  (``benchmarks/bench_many_models.py``; targets: within 1.2x and 2x).
 
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
@@ -82,7 +85,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from tests.servers import RunningServer, start_server  # noqa: E402
 
-ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular"]
+ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular", "many-models"]
 TARGETS = {"rest": 0.8, "rest-1": 0.9, "grpc": 0.9, "torch": 1.5, "sequence": 0.85}
 START_TARGET_S = 0.3  # echo alone: at most this; torch examples: at most import torch + this
 RSS_TARGET_MIB = 50.0
@@ -786,11 +789,43 @@ def measure_rows(args: argparse.Namespace) -> bool:
             import uvloop
 
             uvloop.run(bench.measure(rows))
+        if "many-models" in args.only:
+            os.sched_setaffinity(0, bench.server_cpus | bench.load_cpus)  # it pins its own server
+            extra += many_models(args)
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
         met = print_table(rows, extra, bench.baseline is not None)
     finally:
         bench.close()
     return met
+
+
+def many_models(args: argparse.Namespace) -> list[Extra]:
+    """The ``many-models`` row: ``benchmarks/bench_many_models.py`` in this run's rounds."""
+    from benchmarks import bench_many_models as bench
+
+    figures = bench.run(rounds=args.rounds, seconds=args.seconds, pinned=not args.no_pin)
+    bench.report(figures)
+    (a50, a99, _), (b50, b99, _) = figures["alone"], figures["beside"]
+    sides = f"alone {a50:.3f} / {a99:.3f} ms"
+    beside = f"{b50:.3f} / {b99:.3f} ms"
+    return [
+        Extra(
+            "hot p50 beside a cold load every 100 ms",
+            beside,
+            sides,
+            f"{b50 / a50:.2f}",
+            f"<= {bench.P50_TARGET:g}x",
+            b50 / a50 <= bench.P50_TARGET and not figures["errors"],
+        ),
+        Extra(
+            "hot p99 beside a cold load every 100 ms",
+            beside,
+            sides,
+            f"{b99 / a99:.2f}",
+            f"<= {bench.P99_TARGET:g}x",
+            b99 / a99 <= bench.P99_TARGET and not figures["errors"],
+        ),
+    ]
 
 
 def instructions(args: argparse.Namespace) -> int:

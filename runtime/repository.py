@@ -172,6 +172,18 @@ def _shown(folder: Path | None) -> str:
     return repr(folder.name) if folder is not None else "''"
 
 
+def forget_local_modules(folder: Path) -> None:
+    """Forget the modules loaded from ``folder``'s files, so that the next load of its model reads
+    them again (a model file changed in place)."""
+    inside = folder.resolve()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("_mlserver_like_models.m"):
+            continue
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().is_relative_to(inside):
+            del sys.modules[name]
+
+
 def _load_local(path: Path, module_name: str, folder: Path) -> ModuleType:
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     unique = f"_mlserver_like_models.m{digest}.{module_name}"

@@ -30,6 +30,8 @@ from runtime.core.model_config import model_config
 from runtime.core.observer import Observer
 from runtime.core.registry import ModelEntry, Registry
 from runtime.core.request_checks import finish_response, prepare_request
+from runtime.core.response_cache import ResponseCache, answer_from, request_digest
+from runtime.core.warmup import WarmupError, warmup_requests
 from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
 from runtime.handlers import CustomHandler, get_custom_handlers
 from runtime.model import MLModel
@@ -51,6 +53,8 @@ from runtime.types import (
 )
 
 logger = logging.getLogger(__name__)
+
+_READY = State.READY
 
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
@@ -84,6 +88,10 @@ class DataPlane:
             weakref.WeakKeyDictionary()
         )
         """Each loaded model's ``@custom_handler`` methods, found on first use."""
+        self._clock = registry.clock
+        self.cache: ResponseCache | None = registry.cache
+        """Answers of the models with ``response_cache`` (None: the server keeps none)."""
+        registry.warm = self._warm_up
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -108,7 +116,7 @@ class DataPlane:
         if self.unreadable:
             return f"the settings of {', '.join(sorted(self.unreadable))} could not be read"
         for entry in entries:
-            if not entry.ready:
+            if not entry.ready and not (entry.on_demand and (entry.name, entry.version) not in self.expected):
                 name = f"{entry.name} {entry.version}" if entry.version else entry.name
                 reason = f": {entry.reason}" if entry.reason else ""
                 return f"model {name!r} is {entry.state.value}{reason}"
@@ -123,6 +131,11 @@ class DataPlane:
         self.expected = {(m.name, m.version) for m in models}
         self.unreadable = set(unreadable)
 
+    def forget(self, name: str) -> None:
+        """Strict readiness stops waiting for ``name`` (its folder was removed, or it was unloaded)."""
+        self.expected = {key for key in self.expected if key[0] != name}
+        self.unreadable.discard(name)
+
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
         return self.registry.find(name, version).ready and not self.draining
@@ -134,9 +147,12 @@ class DataPlane:
         )
 
     async def model_metadata(self, name: str, version: str | None = None) -> MetadataModelResponse:
-        entry = self.registry.get(name, version)
-        assert entry.model is not None
-        meta = await entry.model.metadata()
+        entry = await self.registry.acquire(self.registry.serving(name, version))
+        try:
+            assert entry.model is not None
+            meta = await entry.model.metadata()
+        finally:
+            Registry.release(entry)
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
         if entry.scheduler is not None:  # how the model is scheduled, with every batching setting
@@ -152,7 +168,7 @@ class DataPlane:
 
     def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
         """The declared inputs of a model (empty when its settings declare none)."""
-        return list(self.registry.get(name, version).settings.inputs)
+        return list(self.registry.serving(name, version).settings.inputs)
 
     # ------------------------------------------------------------------ inference
 
@@ -163,7 +179,7 @@ class DataPlane:
         try:  # what _entry does, written out: this runs twice per request
             if self.draining:
                 raise ShuttingDown("The server is shutting down")
-            return self.registry.get(name, version)
+            return self.registry.serving(name, version)
         except ServerError as exc:
             if self.observer is not None:
                 self.observer.refused(name, version, exc)
@@ -175,7 +191,7 @@ class DataPlane:
     def _entry(self, name: str, version: str | None) -> ModelEntry:
         if self.draining:
             raise ShuttingDown("The server is shutting down")
-        return self.registry.get(name, version)
+        return self.registry.serving(name, version)
 
     async def infer(
         self,
@@ -206,16 +222,28 @@ class DataPlane:
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
         prepare_request(request, entry)
-        assert entry.scheduler is not None
         if request.parameters is None:  # what queue_timeout gives then, without the call
             default = entry.settings.request_timeout
             limit = default if default > 0 else None
         else:
             limit = queue_timeout(request, entry.settings.request_timeout)
+        digest = None
+        if self.cache is not None and entry.settings.response_cache and not entry.settings.sequence_batching:
+            digest = request_digest(request)
+            if digest is not None:
+                cached = await self.cache.get(entry.name, entry.version, digest)
+                if cached is not None:  # answered without the model (loaded or not)
+                    return finish_response(answer_from(cached), request, entry)
         task = asyncio.current_task()
         assert task is not None
+        if entry.state is _READY:  # taken in this turn of the loop: it cannot be unloaded meanwhile
+            entry.busy += 1
+            entry.used = next(self._clock)
+        else:  # loaded on demand, or replaced since the transport found it
+            entry = await self.registry.acquire(entry, limit)
         self._unary.add(task)
         try:
+            assert entry.scheduler is not None
             if limit is None:
                 response = await entry.scheduler.infer(request)
             else:
@@ -247,7 +275,30 @@ class DataPlane:
         finally:
             self._unary.discard(task)
             self._cut.discard(task)
-        return finish_response(response, request, entry)
+            entry.busy -= 1  # Registry.release, written out
+            if not entry.busy and entry.on_idle is not None:
+                entry.on_idle()
+        response = finish_response(response, request, entry)
+        if digest is not None and self.cache is not None:
+            await self.cache.put(entry.name, entry.version, digest, response)
+        return response
+
+    async def _warm_up(self, entry: ModelEntry) -> None:
+        """Serve ``entry``'s warm-up requests (``runtime.core.warmup``) through its scheduler, before
+        the registry makes it READY; the first failure raises ``WarmupError`` with its reason."""
+        assert entry.scheduler is not None
+        requests = warmup_requests(entry.settings)
+        for number, request in enumerate(requests, 1):
+            try:
+                prepare_request(request, entry)
+                finish_response(await entry.scheduler.infer(request), request, entry)
+            except Exception as exc:
+                error = sort_error(entry.name, exc)
+                raise WarmupError(f"warm-up request {number} of {len(requests)} failed: {error}") from exc
+        if requests:
+            logger.info(
+                "Model %r (version %s) warmed up: %d request(s)", entry.name, entry.version, len(requests)
+            )
 
     def _shown(self, error: E) -> E:
         """``error`` as a client may see it: a model's failure names files relative to the model
@@ -339,7 +390,7 @@ class DataPlane:
     async def _stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
     ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
-        entry = self._entry(name, version)
+        entry = await self.registry.acquire(self._entry(name, version))
         assert entry.scheduler is not None
         session = StreamSession(
             entry.name,
@@ -367,6 +418,7 @@ class DataPlane:
                 self._shown(exc)
             raise
         finally:
+            Registry.release(entry)
             self.streams.closed()
             if observed is not None:
                 observed.close(cancelled=not ended)
@@ -443,7 +495,7 @@ class DataPlane:
         Strict readiness stops waiting for it: the model was asked to leave.
         """
         await self.registry.unload(name)
-        self.expected = {key for key in self.expected if key[0] != name}
+        self.forget(name)
 
     async def _read_repository(self, name: str | None) -> list[ModelSettings]:
         root = self.settings.model_repository_root

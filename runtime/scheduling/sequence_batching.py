@@ -322,6 +322,9 @@ class SequenceScheduler(Scheduler):
 
     # ------------------------------------------------------------------ metadata
 
+    def open_sequences(self) -> int:
+        return len(self.engine.table.active)
+
     def describe(self) -> dict[str, Any]:
         return {
             "scheduler": "sequence",

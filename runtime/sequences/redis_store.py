@@ -32,14 +32,16 @@ import os
 import pickle
 import socket
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from runtime.errors import Unavailable
 from runtime.ids import new_secret_id
 from runtime.sequences.store import Claim, Commit, SharedStateStore
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _NOW = """
 local t = redis.call('TIME')
@@ -179,6 +181,25 @@ def dumps(value: Any) -> bytes:
     return buffer.getvalue()
 
 
+def connect(url: str) -> tuple[Any, type[Exception]]:
+    """A client of the Redis at ``url`` (``redis://host:port/db``; it connects at its first call)
+    and the error class its calls raise. The one place the server makes a Redis client: the
+    sequence store and the response cache both come here."""
+    import redis.asyncio as aioredis  # an optional dependency: pip install 'mlserver-like[redis]'
+    from redis.exceptions import RedisError
+
+    return aioredis.Redis.from_url(url), RedisError
+
+
+async def reach(call: Awaitable[T], error: type[Exception], what: str) -> T:
+    """Await a Redis call; Redis out of reach is a "try again later" (``Unavailable``, 503) that
+    names ``what`` was unreachable, not a server fault."""
+    try:
+        return await call
+    except (error, OSError) as exc:
+        raise Unavailable(f"The {what} is unreachable: {type(exc).__name__}: {exc}") from exc
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -197,9 +218,6 @@ class RedisStateStore(SharedStateStore):
         lease_ms: int,
         replica: str | None = None,
     ) -> None:
-        import redis.asyncio as aioredis  # an optional dependency: pip install 'mlserver-like[redis]'
-        from redis.exceptions import RedisError
-
         self.url = url
         self.capacity = capacity
         self.idle_ms = ttl_ms
@@ -210,8 +228,7 @@ class RedisStateStore(SharedStateStore):
         self.lease_ms = lease_ms
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{new_secret_id()[:8]}"
         self.prefix = f"mlserver:seq:{model}:{version or ''}:"
-        self.client = aioredis.Redis.from_url(url)
-        self._redis_error = RedisError
+        self.client, self._redis_error = connect(url)
         self._claim = self.client.register_script(_CLAIM)
         self._commit = self.client.register_script(_COMMIT)
         self._release = self.client.register_script(_RELEASE)
@@ -268,12 +285,7 @@ class RedisStateStore(SharedStateStore):
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """Call a script; Redis out of reach is a "try again later" (503), not a server fault."""
-        try:
-            return await script(keys=keys, args=args)
-        except (self._redis_error, OSError) as exc:
-            raise Unavailable(
-                f"The sequence state store is unreachable: {type(exc).__name__}: {exc}"
-            ) from exc
+        return await reach(script(keys=keys, args=args), self._redis_error, "sequence state store")
 
     def _forget(self, key: str) -> Any:
         self._fresh.pop(key, None)

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from runtime.core.residency import LOAD_BUCKETS
 from runtime.telemetry.counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class ServerCollector:
         yield from _model_families(data.get("models", {}))
         yield from _transport_families(data)
         yield from _scheduler_families(self.registry)
+        yield from _residency_families(self.registry)
 
 
 def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
@@ -277,6 +279,54 @@ def _worker_families(registry: Registry) -> Iterator[Metric]:
             workers.add_metric([*labels, status], n)
         restarts.add_metric(labels, pool.restarts)
     yield from (workers, restarts, memory)
+
+
+def _residency_families(registry: Registry) -> Iterator[Metric]:
+    """Loads, unloads and memory of the models (``runtime.core.residency``), and the response cache."""
+    loads = CounterMetricFamily(
+        "model_loads", "Loads of the model (at start, on demand, reloads)", labels=MODEL_LABELS
+    )
+    unloads = CounterMetricFamily(
+        "model_unloads",
+        "Unloads of the model, by reason (evicted, removed, replaced, requested)",
+        labels=(*MODEL_LABELS, "reason"),
+    )
+    seconds = HistogramMetricFamily(
+        "model_load_duration_seconds", "Seconds a load took (warm-up included)", labels=MODEL_LABELS
+    )
+    for (name, version), counts in sorted(registry.residency.counts.items()):
+        labels = [name, version]
+        loads.add_metric(labels, counts.loads)
+        for reason, n in sorted(counts.unloads.items()):
+            unloads.add_metric([*labels, reason], n)
+        seconds.add_metric(
+            labels, _buckets(counts.load_seconds.counts, LOAD_BUCKETS), counts.load_seconds.sum
+        )
+    held = registry.models_held()
+    loaded = GaugeMetricFamily("models_loaded", "Model versions loaded now", value=held["loaded"])
+    memory_total = GaugeMetricFamily(
+        "models_memory_bytes", "Resident memory the loaded models took when they loaded", value=held["memory"]
+    )
+    memory = GaugeMetricFamily(
+        "model_memory_bytes", "Resident memory the model took when it loaded", labels=MODEL_LABELS
+    )
+    for entry in registry.resident():
+        memory.add_metric([entry.name, entry.version or ""], entry.memory)
+    yield from (loads, unloads, seconds, loaded, memory_total, memory)
+    cache = registry.cache
+    if cache is None:
+        return
+    hits = CounterMetricFamily(
+        "response_cache_hits", "Requests answered from the response cache", labels=MODEL_LABELS
+    )
+    misses = CounterMetricFamily(
+        "response_cache_misses", "Cacheable requests not found in the response cache", labels=MODEL_LABELS
+    )
+    for (name, version), n in sorted(cache.hits.items()):
+        hits.add_metric([name, version], n)
+    for (name, version), n in sorted(cache.misses.items()):
+        misses.add_metric([name, version], n)
+    yield from (hits, misses)
 
 
 def new_registry(collector: ServerCollector) -> CollectorRegistry:
