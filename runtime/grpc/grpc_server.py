@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..dataplane import DataPlane
 from ..settings import Settings
+from .converters import request_reader
 from .generated import dataplane_pb2 as pb
 from .health import SERVICE_NAME, HealthServicer
 from .servicer import InferenceServicer, serialized
@@ -56,7 +57,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=request.FromString,
+            request_deserializer=request_reader(request),
             response_serializer=serialized if name == "ModelInfer" else response.SerializeToString,
         )
         for name, request, response in _UNARY
@@ -64,7 +65,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     streamed = pb.ModelStreamInferResponse if stream_format == "triton" else pb.ModelInferResponse
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         stream_handler(dataplane, stream_format),
-        request_deserializer=pb.ModelInferRequest.FromString,
+        request_deserializer=request_reader(pb.ModelInferRequest),
         response_serializer=streamed.SerializeToString,
     )
     return handlers
