@@ -154,9 +154,13 @@ class Settings(BaseSettings):
     server is ready once it started, whatever its models' states (each model's own ready endpoint
     still tells)."""
 
-    loop_block_warning: float = Field(default=0.5, ge=0)
+    loop_block_warning: float = Field(default=0.1, ge=0)
     """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
-    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off.
+    The default is asyncio's own threshold for a slow callback (``slow_callback_duration``): every
+    request on the server waits while the loop is blocked. A stall with no model's code on the
+    loop's stack (an import on first use, a full garbage collection) is reported once it lasts
+    five times as long."""
 
     transport_fairness: bool = True
     """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
