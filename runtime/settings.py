@@ -191,6 +191,14 @@ class Settings(BaseSettings):
     and written to ``management_key_file`` (readable by the server's user only), as TorchServe
     0.11 does. Turn it off only where the port is otherwise protected."""
 
+    repository_token_auth: bool = True
+    """Require the management key (``Authorization: Bearer <key>``, the key in
+    ``management_key_file``) on the model repository extension's load and unload, on the inference
+    ports: REST ``POST /v2/repository/models/{name}/load`` and ``/unload``, gRPC
+    ``RepositoryModelLoad`` and ``RepositoryModelUnload``. Without it they answer 401 /
+    UNAUTHENTICATED, as Triton refuses them unless its model control mode allows them. False opens
+    them to every client of the inference ports. The repository index (read-only) is always open."""
+
     management_key_file: str = ""
     """Where the management key is written (JSON ``{"management": {"key": ...}}``, mode 0600,
     removed at stop); empty: a ``key_file.json`` in a private temporary folder, whose path is logged."""
