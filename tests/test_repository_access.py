@@ -20,11 +20,11 @@ import grpc
 import httpx
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.server import Server
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
+from runtime.server.serving import Server
 
-from .servers import serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The watchdog that names the model blocking the event loop (``runtime.watchdog``), in process;
+"""The watchdog that names the model blocking the event loop (``runtime.core.watchdog``), in process;
 ``tests/scheduling/test_direct.py`` sees its warning from a real server."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from runtime.model import MLModel
 from runtime.settings import ModelSettings, Settings
 from runtime.types import InferenceRequest, InferenceResponse
-from runtime.watchdog import LoopWatchdog, culprit
+from runtime.core.watchdog import LoopWatchdog, culprit
 
-from .servers import serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -68,11 +68,11 @@ async def test_a_stall_is_reported_once(caplog: pytest.LogCaptureFixture) -> Non
     watchdog = LoopWatchdog(0.05, lambda: [])
     watchdog.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="runtime.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="runtime.core.watchdog"):
             time.sleep(0.6)  # noqa: ASYNC251 - the stall under test: the loop cannot tick
     finally:
         watchdog.stop()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.watchdog"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.core.watchdog"]
     assert len(warnings) == 1 and warnings[0].startswith("The event loop has been blocked for")
 
 
@@ -83,11 +83,11 @@ async def test_a_short_stall_in_the_servers_own_code_is_not_reported(
     watchdog = LoopWatchdog(0.1, lambda: [_model(Hog, "hog")])
     watchdog.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="runtime.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="runtime.core.watchdog"):
             time.sleep(0.2)  # noqa: ASYNC251 - the stall under test
     finally:
         watchdog.stop()
-    assert not [r for r in caplog.records if r.name == "runtime.watchdog"]
+    assert not [r for r in caplog.records if r.name == "runtime.core.watchdog"]
 
 
 class Stalls(MLModel):
@@ -109,13 +109,13 @@ def test_the_default_threshold_is_asyncios_slow_callback_duration() -> None:
 async def test_a_model_that_blocks_the_loop_for_a_fifth_of_a_second_is_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="runtime.watchdog")
+    caplog.set_level(logging.WARNING, logger="runtime.core.watchdog")
     async with serving(ModelSettings(name="stalls", implementation=Stalls)) as server:
         url = f"http://127.0.0.1:{server.http_port}/v2/models/stalls/infer"
         async with httpx.AsyncClient() as client:
             answer = await client.post(url, json={"inputs": []})
     assert answer.status_code == 200, answer.text
-    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.watchdog"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.core.watchdog"]
     named = [w for w in warnings if "by model" in w]  # not the test's own client, in the same loop
     assert len(named) == 1, warnings
     assert "by model 'stalls'" in named[0] and "in predict" in named[0]

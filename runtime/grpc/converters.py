@@ -27,9 +27,9 @@ import orjson
 from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 
-from ..errors import InvalidInput, ModelFailed
-from ..tensors import to_raw
-from ..types import (
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.tensors import to_raw
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,
@@ -43,7 +43,7 @@ from ..types import (
     UInt64,
     built,
 )
-from .generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
 _DATATYPES: dict[str, Datatype] = {d.value: d for d in Datatype}
 

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .counts import BATCH_BUCKETS, DURATION_BUCKETS, TRITON_REASONS, ModelKey, Recorder, merge
+from runtime.telemetry.counts import BATCH_BUCKETS, DURATION_BUCKETS, TRITON_REASONS, ModelKey, Recorder, merge
 
 if TYPE_CHECKING:
-    from ..registry import Registry
-    from ..scheduling.scheduler import Scheduler
+    from runtime.core.registry import Registry
+    from runtime.scheduling.scheduler import Scheduler
 
 MODEL_LABELS = ("model_name", "model_version")
 TRITON_LABELS = ("model", "version")

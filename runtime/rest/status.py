@@ -6,7 +6,7 @@ a 401 (``Unauthenticated``) carries ``WWW-Authenticate: Bearer``, the scheme the
 
 from __future__ import annotations
 
-from .. import errors
+from runtime import errors
 
 # most specific first: the first class an error is an instance of decides
 STATUS: tuple[tuple[type[errors.ServerError], int], ...] = (

@@ -16,13 +16,13 @@ import grpc
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.settings import ModelSettings
 
-from ..grpc_support import raw_request
-from ..models import zoo
-from ..servers import serving
-from .test_stream_rpc import COUNTER, counted, counter_request
+from tests.grpc_support import raw_request
+from tests.models import zoo
+from tests.servers import serving
+from tests.frontends.grpc.test_stream_rpc import COUNTER, counted, counter_request
 
 pytestmark = pytest.mark.anyio
 

@@ -21,10 +21,10 @@ import pytest
 
 from runtime.settings import ModelSettings
 
-from ..adaptive_helpers import body, row_settings
-from ..models import zoo
-from ..servers import serving
-from .test_metrics import Samples, scrape, value
+from tests.adaptive_helpers import body, row_settings
+from tests.models import zoo
+from tests.servers import serving
+from tests.frontends.telemetry.test_metrics import Samples, scrape, value
 
 pytestmark = pytest.mark.anyio
 

@@ -12,11 +12,11 @@ import numpy as np
 import orjson
 import pytest
 
-from runtime.management.auth import ManagementKey
+from runtime.core.management_key import ManagementKey
 from runtime.settings import ModelParameters, ModelSettings, Settings
 
-from ..conftest import InProcess
-from ..models import zoo
+from tests.conftest import InProcess
+from tests.models import zoo
 
 pytestmark = pytest.mark.anyio
 
