@@ -8,9 +8,9 @@ import pytest
 
 from runtime.core.dataplane import DataPlane
 from runtime.core.registry import Registry
-from runtime.frontends.rest import create_app
+from runtime.server.rest_app import create_app
 from runtime.settings import ModelSettings, Settings
-
+from tests import fast_loop
 from tests.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,3 +89,8 @@ def textgen_server() -> Iterator[RunningServer]:
 from tests.grpc_support import grpc_models, grpc_server  # noqa: E402
 
 __all__ = ["grpc_models", "grpc_server"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that start a process or a real server (``-m "not server"`` is the fast loop)."""
+    fast_loop.mark(items)

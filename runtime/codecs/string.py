@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.codecs.interfaces import InputCodec, RequestCodec, make_tensor
 from runtime.errors import InvalidInput
 from runtime.tensors import input_array, output_array
 from runtime.types import (
@@ -17,7 +18,6 @@ from runtime.types import (
     RequestInput,
     ResponseOutput,
 )
-from runtime.codecs.interfaces import InputCodec, RequestCodec, make_tensor
 
 
 def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:

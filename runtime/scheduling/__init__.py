@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.continuous import ContinuousModel
 from runtime.model import MLModel
-from runtime.sequences.sequence_model import SequenceModel, serves_stateless
-from runtime.settings import ModelSettings
 from runtime.scheduling.direct import DirectScheduler
 from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.sequences.sequence_model import SequenceModel, serves_stateless
+from runtime.settings import ModelSettings
 
 if TYPE_CHECKING:
     from runtime.scheduling.adaptive import AdaptiveScheduler

@@ -17,12 +17,12 @@ from typing import Any, Final, Protocol
 
 from runtime.continuous import Stream
 from runtime.errors import ServerError
+from runtime.scheduling.queueing import Waiter
+from runtime.scheduling.scheduler import RequestFailed
 from runtime.sequences.identity import mark_response
 from runtime.sequences.lifecycle import Pending
 from runtime.streams.pipeline import Outbox, stop_tasks
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, set_extra
-from runtime.scheduling.queueing import Waiter
-from runtime.scheduling.scheduler import RequestFailed
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""

@@ -32,7 +32,7 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
 - **Stopping** refuses new streams (503), lets the running and waiting ones finish, then ends.
 - **With ``sequence_batching``** a request of a sequence may join while an earlier one of the same
   sequence still streams; the sequence rules and state live in :mod:`runtime.sequences.engine`, with the strategy of
-  :mod:`.running_set_strategy`.
+  :mod:`.continuous_sequences`.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from runtime.errors import ModelFailed, ModelNotReady, ShuttingDown
 from runtime.ids import assign_id
 from runtime.model import MLModel
-from runtime.telemetry.tracing import batch_span
+from runtime.scheduling.callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
+from runtime.scheduling.continuous_sequences import RunningSet
+from runtime.scheduling.queueing import WaitQueue, queue_timeout
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
 from runtime.sequences.identity import parse_control
 from runtime.settings import ModelSettings
+from runtime.telemetry.tracing import batch_span
 from runtime.types import InferenceRequest, InferenceResponse
-from runtime.scheduling.callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
-from runtime.scheduling.queueing import WaitQueue, queue_timeout
-from runtime.scheduling.continuous_sequences import RunningSet
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
 
 logger = logging.getLogger(__name__)
 

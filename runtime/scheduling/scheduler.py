@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.model import MLModel
-from runtime.telemetry.stats import ExecutionStats
+from runtime.scheduling.executor import Executor, InProcessExecutor
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import RequestFailed
+from runtime.telemetry.stats import ExecutionStats
 from runtime.types import InferenceRequest, InferenceResponse
-from runtime.scheduling.executor import Executor, InProcessExecutor
 
 __all__ = ["RequestFailed", "Scheduler"]
 

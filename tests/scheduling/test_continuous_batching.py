@@ -14,7 +14,6 @@ from runtime.scheduling.callers import STREAM_BUFFER
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, Parameters
-
 from tests.conftest import InProcess
 from tests.continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
 
