@@ -23,7 +23,6 @@ import pytest
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.server.serving import Server
-
 from tests.servers import serving
 
 pytestmark = pytest.mark.anyio

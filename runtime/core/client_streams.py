@@ -21,9 +21,10 @@ What both guarantee, on top of the pipeline's (``runtime.streams.pipeline``: pul
 cancellation, ids):
 
 - every reply names its request (the id the client gave, or the one the core made for it);
-- errors are replies: a request that cannot be decoded, names an unknown model, fails its checks
-  or makes its model fail is answered by an error, and the client stream goes on (after a model
-  failure, the requests that follow are served by a fresh model stream);
+- errors are replies: a message that cannot be read, a request that cannot be decoded, names an
+  unknown model, fails its checks or makes its model fail is answered by an error, and the client
+  stream goes on (after a model failure, the requests that follow are served by a fresh model
+  stream);
 - when the client half-closes, every reply still owed is sent before the stream ends;
 - closing the stream, or cancelling its consumer, cancels everything under way in it; only the
   transport's own read failing ends the stream with that failure.
@@ -83,6 +84,8 @@ class Routed(Generic[T]):
     """The request itself; raises InvalidInput when the message is malformed."""
     tag: T
     """The transport's own: handed back with every reply to this request."""
+    error: ServerError | None = None
+    """Set when the message could not be read at all (it names no model): this error answers it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,15 @@ class Reply(Generic[T]):
     error: ServerError | None = None
     last: bool = False
     """``each`` only: nothing more will answer this request (set on its error or its end marker)."""
+
+
+def _opened(dataplane: StreamServer, item: Routed[T]) -> InferenceRequest:
+    """The request of ``item``, once its model is known to serve it (raises the ServerError that
+    answers it otherwise)."""
+    if item.error is not None:
+        raise item.error
+    dataplane.check_model(item.model, item.version)
+    return _decode(item)
 
 
 def _decode(item: Routed[T]) -> InferenceRequest:
@@ -132,6 +144,9 @@ class _Segment(Generic[T]):
         while True:
             item = await anext(self.source, None)
             if item is None:
+                return
+            if item.error is not None:
+                self.undecodable = _failed(item, item.error, item.id)
                 return
             if item.model != first.model or item.version != first.version:
                 self.next = item
@@ -170,8 +185,7 @@ async def in_sessions(
     item = await anext(source, None)
     while item is not None:
         try:
-            dataplane.check_model(item.model, item.version)
-            request = _decode(item)
+            request = _opened(dataplane, item)
         except ServerError as exc:
             yield _failed(item, exc, item.id)
             item = await anext(source, None)
@@ -204,8 +218,7 @@ class _End:
 async def _answer(dataplane: StreamServer, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
     """The replies to one request, served as a model stream of its own; the last one is ``last``."""
     try:
-        dataplane.check_model(item.model, item.version)
-        request = _decode(item)
+        request = _opened(dataplane, item)
     except ServerError as exc:
         yield _failed(item, exc, item.id, last=True)
         return
