@@ -3,28 +3,31 @@
 A transport reads its messages into :class:`Routed` items (the model a request names, its id, a
 way to decode it, and a tag of the transport's own) and writes what comes back: every
 :class:`Reply` carries the tag of the request it answers, so the transport keeps no bookkeeping
-of its own. Two ways to serve such a stream, one per wire format:
+of its own. The core serves the model streams: the DataPlane hands in the one function this
+module needs (:data:`OpenStream`: check a model, then serve a stream of requests to it), and this
+module never calls back into the DataPlane. Two ways to serve such a stream, one per wire format:
 
 ``in_sessions`` (MLServer's): consecutive requests naming one model feed one model stream
-(``DataPlane.infer_stream_in_band``: one call of the model's ``predict_stream``), so a
-stream-to-stream model sees them all. A request naming another model ends that model stream's
+(errors in band: one call of the model's ``predict_stream``), so a stream-to-stream model sees
+them all. A request naming another model ends that model stream's
 input; it answers what it owes first, then the request starts a model stream of its own model.
 When a model stops reading early, the next request starts a fresh model stream.
 
 ``each`` (Triton's): every request is a model stream of its own, served concurrently with the
-others of the client stream, at most ``limit`` at a time; beyond that the requests are not read,
-so the transport's flow control holds the client back. Replies wait for the transport in a queue
-of ``EACH_BUFFER``, so a client that stops reading stops the models. Each request ends with
-exactly one reply marked ``last``: its error, or an end marker after its last response.
+others of the client stream, at most ``limit`` (``READ_AHEAD``) at a time; beyond that the
+requests are not read, so the transport's flow control holds the client back. Replies wait for
+the transport in the window (``runtime.streams.window``), at most ``BUFFERED`` of them, so a client
+that stops reading stops the models. Each request ends with exactly one reply marked ``last``:
+its failure, or an end marker after its last response.
 
 What both guarantee, on top of the pipeline's (``runtime.streams.pipeline``: pull, fairness,
 cancellation, ids):
 
 - every reply names its request (the id the client gave, or the one the core made for it);
 - errors are replies: a message that cannot be read, a request that cannot be decoded, names an
-  unknown model, fails its checks or makes its model fail is answered by an error, and the client
-  stream goes on (after a model failure, the requests that follow are served by a fresh model
-  stream);
+  unknown model, fails its checks or makes its model fail is answered by its failure (the
+  pipeline's ``StreamError``, handed to the transport as it is), and the client stream goes on
+  (after a model failure, the requests that follow are served by a fresh model stream);
 - when the client half-closes, every reply still owed is sent before the stream ends;
 - closing the stream, or cancelling its consumer, cancels everything under way in it; only the
   transport's own read failing ends the stream with that failure.
@@ -37,39 +40,27 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from runtime.errors import InvalidInput, ServerError
 from runtime.ids import assign_id
-from runtime.streams.pipeline import Outbox, Recent, StreamError, one, sort_error, stop_tasks
+from runtime.streams.pipeline import Recent, StreamError, one, sort_error
+from runtime.streams.window import BUFFERED, READ_AHEAD, Window
 from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-EACH_IN_FLIGHT = 64
-"""Most requests of one client stream served at the same time in the ``each`` way."""
+ModelStream = Callable[
+    [AsyncIterator[InferenceRequest]], AsyncGenerator["InferenceResponse | StreamError", None]
+]
+"""Serves a stream of requests to one model: its responses, and its failures in band or raised."""
 
-EACH_BUFFER = 8
-"""Most replies of one client stream waiting for the transport in the ``each`` way (each request
-served holds at most one more): a client that stops reading stops the models soon after."""
-
-
-class StreamServer(Protocol):
-    """What serves the model streams of a client stream (the DataPlane)."""
-
-    def check_model(
-        self, name: str, version: str | None = None
-    ) -> object: ...  # the entry; streams only need the check
-
-    def infer_stream(
-        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
-    ) -> AsyncGenerator[InferenceResponse, None]: ...
-
-    def infer_stream_in_band(
-        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
-    ) -> AsyncGenerator[InferenceResponse | StreamError, None]: ...
+OpenStream = Callable[[str, "str | None", bool], ModelStream]
+"""``open(model, version, in_band)``: checks the model a request names (raising its ServerError:
+unknown, not ready) and gives what serves a stream of requests to it, its failures in band (True)
+or raised; the DataPlane's ``model_stream``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,25 +81,17 @@ class Routed(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class Reply(Generic[T]):
-    """A response to, or the error of, the request tagged ``tag``; or (``each``) the end of it."""
+    """A response to, or the failure of, the request tagged ``tag``; or (``each``) the end of it."""
 
     tag: T
     model: str
     version: str | None
     request_id: str | None
     response: InferenceResponse | None = None
-    error: ServerError | None = None
+    failure: StreamError | None = None
+    """The request failed: the failure as the core made it, for the transport to report in band."""
     last: bool = False
-    """``each`` only: nothing more will answer this request (set on its error or its end marker)."""
-
-
-def _opened(dataplane: StreamServer, item: Routed[T]) -> InferenceRequest:
-    """The request of ``item``, once its model is known to serve it (raises the ServerError that
-    answers it otherwise)."""
-    if item.error is not None:
-        raise item.error
-    dataplane.check_model(item.model, item.version)
-    return _decode(item)
+    """``each`` only: nothing more will answer this request (set on its failure or its end marker)."""
 
 
 def _decode(item: Routed[T]) -> InferenceRequest:
@@ -117,8 +100,8 @@ def _decode(item: Routed[T]) -> InferenceRequest:
     return request
 
 
-def _failed(item: Routed[T], error: ServerError, request_id: str | None, last: bool = False) -> Reply[T]:
-    return Reply(item.tag, item.model, item.version, request_id, error=error, last=last)
+def _failed(item: Routed[T], failure: StreamError, last: bool = False) -> Reply[T]:
+    return Reply(item.tag, item.model, item.version, failure.request_id, failure=failure, last=last)
 
 
 # ---------------------------------------------------------------------- MLServer's way
@@ -146,7 +129,7 @@ class _Segment(Generic[T]):
             if item is None:
                 return
             if item.error is not None:
-                self.undecodable = _failed(item, item.error, item.id)
+                self.undecodable = _failed(item, StreamError(item.error, item.id))
                 return
             if item.model != first.model or item.version != first.version:
                 self.next = item
@@ -154,7 +137,7 @@ class _Segment(Generic[T]):
             try:
                 request = _decode(item)
             except InvalidInput as exc:
-                self.undecodable = _failed(item, exc, item.id)
+                self.undecodable = _failed(item, StreamError(exc, item.id))
                 return
             yield self._take(item, request)
 
@@ -171,35 +154,35 @@ class _Segment(Generic[T]):
     def reply(self, item: InferenceResponse | StreamError) -> Reply[T]:
         first = self.first
         if isinstance(item, StreamError):
-            return Reply(
-                self.tag(item.request_id), first.model, first.version, item.request_id, error=item.error
-            )
+            return Reply(self.tag(item.request_id), first.model, first.version, item.request_id, failure=item)
         return Reply(self.tag(item.id), first.model, first.version, item.id, response=item)
 
 
 async def in_sessions(
-    dataplane: StreamServer, items: AsyncIterator[Routed[T]]
+    open_stream: OpenStream, items: AsyncIterator[Routed[T]]
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream MLServer's way: one model stream per run of requests for one model."""
     source = aiter(items)
     item = await anext(source, None)
     while item is not None:
         try:
-            request = _opened(dataplane, item)
+            if item.error is not None:  # the message could not be read: it names no model
+                raise item.error
+            serve = open_stream(item.model, item.version, True)
+            request = _decode(item)
         except ServerError as exc:
-            yield _failed(item, exc, item.id)
+            yield _failed(item, StreamError(exc, item.id))
             item = await anext(source, None)
             continue
         segment = _Segment(source, item, request)
         async with aclosing(segment.requests()) as requests:
             try:
-                stream = dataplane.infer_stream_in_band(requests, item.model, item.version)
-                async with aclosing(stream) as replies:
+                async with aclosing(serve(requests)) as replies:
                     async for reply in replies:
                         yield segment.reply(reply)
             except ServerError as exc:  # the model went away between the check and the first step
                 latest = segment.tags.latest_id
-                yield Reply(segment.tag(latest), item.model, item.version, latest, error=exc)
+                yield segment.reply(StreamError(exc, latest))
         if segment.undecodable is not None:
             yield segment.undecodable
         item = segment.next or await anext(source, None)
@@ -208,74 +191,50 @@ async def in_sessions(
 # ---------------------------------------------------------------------- Triton's way
 
 
-class _End:
-    """What the reader puts last: every request has been answered (or the read failed)."""
-
-    def __init__(self, failure: BaseException | None = None) -> None:
-        self.failure = failure
-
-
-async def _answer(dataplane: StreamServer, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
+async def _answer(open_stream: OpenStream, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
     """The replies to one request, served as a model stream of its own; the last one is ``last``."""
     try:
-        request = _opened(dataplane, item)
+        if item.error is not None:  # the message could not be read: it names no model
+            raise item.error
+        serve = open_stream(item.model, item.version, False)
+        request = _decode(item)
     except ServerError as exc:
-        yield _failed(item, exc, item.id, last=True)
+        yield _failed(item, StreamError(exc, item.id), last=True)
         return
     try:
-        stream = dataplane.infer_stream(one(request), item.model, item.version)
-        async with aclosing(stream) as responses:
+        async with aclosing(serve(one(request))) as responses:
             async for response in responses:
+                assert isinstance(response, InferenceResponse)  # its failures are raised
                 yield Reply(item.tag, item.model, item.version, request.id, response=response)
     except Exception as exc:  # the core sorted the model's errors already; anything else is a bug
-        yield _failed(item, sort_error(item.model, exc), request.id, last=True)
+        yield _failed(item, StreamError(sort_error(item.model, exc), request.id), last=True)
         return
     yield Reply(item.tag, item.model, item.version, request.id, last=True)
 
 
 async def each(
-    dataplane: StreamServer, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
+    open_stream: OpenStream, items: AsyncIterator[Routed[T]], limit: int = READ_AHEAD
 ) -> AsyncGenerator[Reply[T], None]:
     """Serve a client stream Triton's way: every request on its own, at most ``limit`` at a time."""
-    replies: Outbox[Reply[T] | _End] = Outbox(EACH_BUFFER)
-    slots = asyncio.Semaphore(limit)
-    tasks: set[asyncio.Task[None]] = set()
+    window: Window[asyncio.Task[None], Reply[T]] = Window(limit, bound=BUFFERED)
 
     async def serve(item: Routed[T]) -> None:
         try:
-            async with aclosing(_answer(dataplane, item)) as answers:
+            async with aclosing(_answer(open_stream, item)) as answers:
                 async for reply in answers:
-                    await replies.put(reply)
-        finally:
-            slots.release()
-
-    async def read() -> None:
-        failure: BaseException | None = None
-        source = aiter(items)
-        try:
-            while True:
-                await slots.acquire()  # before reading: a request beyond the limit stays unread
-                item = await anext(source, None)
-                if item is None:
-                    break
-                task = asyncio.create_task(serve(item))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        except Exception as exc:  # the transport could not read: answer what was read, then fail
-            failure = exc
-        try:
-            while tasks:
-                await asyncio.gather(*tasks)
+                    await window.put(reply)
         except Exception as exc:  # a bug in serving one request: end the stream with it
-            failure = failure or exc
-        await replies.put(_End(failure))
+            window.failure = window.failure or exc
 
-    reader = asyncio.create_task(read())
+    async def admit(item: Routed[T]) -> None:
+        task = asyncio.create_task(serve(item))
+        window.opened(task)
+        task.add_done_callback(window.finished)
+
+    window.read(items, admit)
     try:
-        while not isinstance(reply := await replies.get(), _End):
+        async for reply in window:
             yield reply
-        if reply.failure is not None:
-            raise reply.failure
     finally:
         # closed early or cancelled: cancel the reading and every request still served
-        await stop_tasks(reader, *tasks)
+        await window.close(*window.open)

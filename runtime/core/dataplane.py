@@ -9,12 +9,13 @@ place: client errors pass through, cancellation re-raises, anything else the mod
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
 
-from runtime.core.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
+from runtime.core.client_streams import ModelStream, Reply, Routed, each, in_sessions
 from runtime.core.fairness import LoopTurns
 from runtime.core.generate import (
     GenerateRequest,
@@ -40,6 +41,7 @@ from runtime.scheduling.queueing import queue_timeout
 from runtime.settings import ModelSettings, Settings
 from runtime.streams.pipeline import StreamError, StreamSession, sort_error
 from runtime.streams.stream_counter import StreamCounter
+from runtime.streams.window import READ_AHEAD
 from runtime.types import (
     InferenceRequest,
     InferenceResponse,
@@ -56,6 +58,7 @@ logger = logging.getLogger(__name__)
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
 T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
 
 
 class Key(Protocol):
@@ -254,7 +257,7 @@ class DataPlane:
             self._cut.discard(task)
         return finish_response(response, request, entry)
 
-    def _shown(self, error: ServerError) -> ServerError:
+    def _shown(self, error: E) -> E:
         """``error`` as a client may see it: a model's failure names files relative to the model
         repository (what a model raised may hold absolute paths), as load errors do."""
         if isinstance(error, ModelFailed):
@@ -308,17 +311,25 @@ class DataPlane:
         Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
         and the stream goes on. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, default format).
         """
-        return in_sessions(self, items)
+        return in_sessions(self.model_stream, items)
 
     def infer_each(
-        self, items: AsyncIterator[Routed[T]], limit: int = EACH_IN_FLIGHT
+        self, items: AsyncIterator[Routed[T]], limit: int = READ_AHEAD
     ) -> AsyncGenerator[Reply[T], None]:
         """Serve a client stream whose requests each name their model, Triton's way.
 
         Every request is a stream of its own, at most ``limit`` at a time; each ends with one
         ``last`` reply. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, Triton format).
         """
-        return each(self, items, limit)
+        return each(self.model_stream, items, limit)
+
+    def model_stream(self, name: str, version: str | None, in_band: bool) -> ModelStream:
+        """Check the model ``name`` (raising its ServerError now) and give what serves a stream of
+        requests to it, like ``infer_stream_in_band`` (``in_band``) or ``infer_stream``: what
+        the client streams (``runtime.core.client_streams``) are handed, so that they need
+        nothing else of the DataPlane."""
+        self.check_model(name, version)
+        return functools.partial(self._stream, name=name, version=version, in_band=in_band)
 
     # ------------------------------------------------------------------ generate extension
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.continuous import ContinuousModel
 from runtime.model import MLModel
 from runtime.scheduling.direct import DirectScheduler
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.scheduler import Scheduler, StreamError
 from runtime.sequences.sequence_model import SequenceModel, serves_stateless
 from runtime.settings import ModelSettings
 
@@ -108,9 +108,9 @@ __all__ = [
     "ContinuousScheduler",
     "DirectScheduler",
     "ForwardingScheduler",
-    "RequestFailed",
     "Scheduler",
     "SequenceScheduler",
+    "StreamError",
     "WorkerExecutor",
     "make_scheduler",
 ]

@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
+from runtime.errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown, model_failed
 from runtime.model import MLModel
 from runtime.scheduling import gc_threshold
 from runtime.scheduling.batching import batch_shape, merge, split
@@ -266,7 +266,7 @@ class AdaptiveScheduler(Scheduler):
             raise
         except Exception as exc:
             self._log_failure(batch_id, len(live), exc)
-            reject(live, functools.partial(_model_failed, self.name, exc))
+            reject(live, functools.partial(model_failed, self.name, exc))
         else:
             compute = time.monotonic() - start
             resolve(live, responses)
@@ -337,12 +337,6 @@ class _Abandon:
 def _wake_up(waker: asyncio.Future[None]) -> None:
     if not waker.done():
         waker.set_result(None)
-
-
-def _model_failed(name: str, exc: Exception) -> ModelFailed:
-    error = ModelFailed(f"Model {name!r} failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 def _copy(exc: ServerError) -> BaseException:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.model import MLModel
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.scheduler import Scheduler, StreamError
 from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.sequences.identity import ID, parse_control
 from runtime.settings import ModelSettings
@@ -94,7 +94,7 @@ class ForwardingScheduler(Scheduler):
 
     async def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         first = await anext(aiter(requests), None)
         if first is None:
             return

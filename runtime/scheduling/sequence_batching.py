@@ -36,7 +36,7 @@ from runtime.model import MLModel
 from runtime.scheduling import gc_threshold
 from runtime.scheduling.executor import Executor
 from runtime.scheduling.one_in_flight import OneInFlight
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.scheduler import Scheduler, StreamError
 from runtime.scheduling.sequence_streams import serve_stream
 from runtime.sequences.engine import STORED
 from runtime.sequences.identity import SequenceControl, mark_response, parse_control
@@ -190,7 +190,7 @@ class SequenceScheduler(Scheduler):
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         return serve_stream(self, requests)
 
     # ------------------------------------------------------------------ the worker

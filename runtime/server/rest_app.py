@@ -28,11 +28,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
+from runtime.frontends.docs.pages import docs_routes
 from runtime.frontends.kserve.v1 import KServeV1
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
+from runtime.frontends.rest.middleware import wants_middleware, with_middleware
 from runtime.frontends.rest.repository_routes import repository_routes
 from runtime.frontends.rest.sse_routes import StreamingApi
 from runtime.frontends.torchserve.rest_api import TorchServeRest
+from runtime.settings import Settings
 
 _PREFIX = "/v2/models/"
 _SUFFIX = "/infer"
@@ -41,6 +44,7 @@ _TS_MODEL = "/predictions/{model_name}"
 _TS_VERSIONED = "/predictions/{model_name}/{model_version}"
 _INFER = "/v2/models/{model_name}/infer"
 _INFER_VERSIONED = "/v2/models/{model_name}/versions/{model_version}/infer"
+_INNER = "runtime.behind_middleware"  # in the scope of a request the middleware has seen
 
 Count = Callable[[int, float], None]
 """Counts one answered request of a known route: its status and its seconds."""
@@ -64,6 +68,14 @@ class RestApp(Starlette):
         self._versioned_count: Count | None = None
         self._ts_counts: dict[tuple[str, str], Count] = {}
         self._other: ASGIApp = super().__call__
+        self._middleware: ASGIApp | None = None
+        self._cors = False
+
+    def use_middleware(self, settings: Settings) -> None:
+        """Put the CORS and gzip middleware that ``settings`` turn on before every route (see
+        runtime/frontends/rest/middleware.py); a request they have nothing to do with skips them."""
+        self._middleware = with_middleware(_Inner(self), settings)
+        self._cors = settings.cors_settings is not None
 
     def count_requests(
         self, counter: Callable[[str, str], Count], wrap: Callable[[ASGIApp], ASGIApp]
@@ -81,6 +93,16 @@ class RestApp(Starlette):
         self._other = wrap(self._other)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        middleware = self._middleware
+        if (
+            middleware is not None
+            and _INNER not in scope
+            and scope["type"] == "http"
+            and wants_middleware(scope["headers"], self._cors)
+        ):
+            scope[_INNER] = True
+            await middleware(scope, receive, send)
+            return
         if scope["type"] == "http" and not scope.get("root_path"):
             method, path = scope["method"], scope["path"]
             if method == "POST" and path.startswith(_PREFIX) and path.endswith(_SUFFIX):
@@ -164,6 +186,18 @@ class RestApp(Starlette):
         raise exc
 
 
+class _Inner:
+    """The app behind the middleware: the RestApp itself, told by the scope that it is behind it."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: RestApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
 def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None) -> Starlette:
     """The ASGI application serving the OIP REST API over ``dataplane``."""
     api = RestApi(dataplane)
@@ -172,15 +206,18 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
     # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
     # straight), then TorchServe's and KServe's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
-    return RestApp(
+    app = RestApp(
         api,
         torchserve,
         hot
         + torchserve.routes()
         + KServeV1(dataplane).routes()
+        + docs_routes(dataplane)
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
         + (extra_routes or []),
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )
+    app.use_middleware(dataplane.settings)
+    return app

@@ -338,6 +338,8 @@ class Server:
 
 async def serve(settings: Settings) -> None:
     """Run a server until SIGINT or SIGTERM, then shut it down cleanly."""
+    for warning in settings.unknown_keys:
+        logger.warning("%s", warning)
     server = Server(settings)
     server.install_signal_handlers()
     try:

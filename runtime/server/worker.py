@@ -33,7 +33,7 @@ from runtime.repository import import_model_class
 from runtime.scheduling import make_scheduler
 from runtime.scheduling.continuous_batching import ContinuousScheduler
 from runtime.scheduling.executor import InProcessExecutor
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.scheduler import Scheduler, StreamError
 from runtime.sequences.sequence_model import SequenceModel, SequenceStep
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
@@ -201,7 +201,7 @@ class Worker:
 
     def _open(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         if self.scheduler is not None:
             return self.scheduler.stream(requests)
         assert self.executor is not None
@@ -236,8 +236,8 @@ class Worker:
             async with aclosing(self._open(self._requests(ident, inbox))) as responses:  # type: ignore[type-var]
                 async for response in responses:
                     await credit.take()
-                    if isinstance(response, RequestFailed):  # one request of the stream failed
-                        response = RequestFailed(portable(response.error), response.request_id)  # type: ignore[arg-type]
+                    if isinstance(response, StreamError):  # one request of the stream failed
+                        response.error = portable(response.error)  # type: ignore[assignment]
                     self._send(("chunk", ident, response), now=True)  # as it comes
         except Exception as exc:
             self._fail(ident, exc)

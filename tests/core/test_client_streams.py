@@ -140,8 +140,8 @@ async def source(*items: Routed[str]) -> AsyncIterator[Routed[str]]:
 
 def summary(reply: Reply[str]) -> tuple[Any, ...]:
     """(tag, request id, what): what is the value answered, the error's class, or 'end'."""
-    if reply.error is not None:
-        return (reply.tag, reply.request_id, type(reply.error).__name__, reply.last)
+    if reply.failure is not None:
+        return (reply.tag, reply.request_id, type(reply.failure.error).__name__, reply.last)
     if reply.response is None:
         return (reply.tag, reply.request_id, "end", reply.last)
     out = reply.response.outputs[0]

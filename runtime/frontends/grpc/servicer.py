@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 
 from runtime.core.dataplane import DataPlane
-from runtime.errors import InvalidInput, ServerError
+from runtime.errors import InvalidInput, ServerError, internal_error
 from runtime.frontends.grpc.converters import (
     headers_of,
     model_metadata_to_proto,
@@ -58,7 +58,7 @@ async def abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) 
         code, message, trailers = code_of(exc), exc.message, trailers_of(exc)
     else:
         logger.exception("Unexpected error serving %s", method, exc_info=exc)
-        code, message = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+        code, message = grpc.StatusCode.INTERNAL, internal_error(exc)
         trailers = ()
     await context.abort(code, status_message(message), trailing_metadata=trailers)
 

@@ -38,10 +38,11 @@ import grpc
 from runtime.core.client_streams import Reply, Routed
 from runtime.core.dataplane import DataPlane
 from runtime.core.fairness import LoopTurns
-from runtime.errors import ServerError
+from runtime.errors import ServerError, internal_error
 from runtime.frontends.grpc.converters import Undecodable, request_from_proto, response_to_proto
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.status_codes import code_of, trailers_of
+from runtime.streams.pipeline import StreamError
 from runtime.streams.stream_counter import cut_error
 from runtime.types import InferenceResponse
 
@@ -74,20 +75,21 @@ async def _routed(
         )
 
 
-def in_band_error(reply: Reply[Any], exc: Exception, triton: bool, final: bool = True) -> Any:
-    """The message that reports ``exc`` in band for the request ``reply`` answers, and the stream
-    goes on: the one place gRPC's in-band errors are made, for both wire formats.
+def in_band_error(reply: Reply[Any], failure: StreamError, triton: bool, final: bool = True) -> Any:
+    """The message that reports ``failure`` in band for the request ``reply`` answers, and the
+    stream goes on: the one place gRPC's in-band errors are made, for both wire formats.
 
     MLServer's: a ModelInferResponse with the request's id, no outputs, and the parameters
     ``error`` (the message) and ``error_code`` (the gRPC status name, e.g. INVALID_ARGUMENT).
     Triton's: a ModelStreamInferResponse whose ``error_message`` is the message, its
     ``infer_response`` naming the request and carrying ``triton_final_response`` = ``final``.
     """
+    exc = failure.error
     if isinstance(exc, ServerError):
         code, text = code_of(exc), exc.message
     else:
         logger.error("Unexpected error in a stream: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        code, text = grpc.StatusCode.INTERNAL, f"Internal server error: {type(exc).__name__}: {exc}"
+        code, text = grpc.StatusCode.INTERNAL, internal_error(exc)
     if triton:
         return _triton_empty(reply, final=final, error=text)
     message = pb.ModelInferResponse(
@@ -107,12 +109,13 @@ def _is_raw(message: pb.ModelInferRequest) -> bool:
 
 def _mlserver_message(reply: Reply[bool]) -> pb.ModelInferResponse:
     if reply.response is None:
-        assert reply.error is not None
-        return cast(pb.ModelInferResponse, in_band_error(reply, reply.error, triton=False))
+        assert reply.failure is not None
+        return cast(pb.ModelInferResponse, in_band_error(reply, reply.failure, triton=False))
     try:
         return response_to_proto(reply.response, reply.tag)
     except Exception as exc:  # e.g. a parameter gRPC cannot carry: this response fails, the stream goes on
-        return cast(pb.ModelInferResponse, in_band_error(reply, exc, triton=False))
+        failure = StreamError(exc, reply.request_id)
+        return cast(pb.ModelInferResponse, in_band_error(reply, failure, triton=False))
 
 
 async def serve_mlserver_stream(dataplane: DataPlane, context: grpc.aio.ServicerContext) -> None:
@@ -145,7 +148,8 @@ def _triton_response(
     try:
         response_to_proto(response, reply.tag.raw, into=message.infer_response)
     except Exception as exc:  # this response fails; the request's final flag still follows
-        return cast(pb.ModelStreamInferResponse, in_band_error(reply, exc, triton=True, final=final))
+        failure = StreamError(exc, reply.request_id)
+        return cast(pb.ModelStreamInferResponse, in_band_error(reply, failure, triton=True, final=final))
     message.infer_response.parameters[FINAL].bool_param = final
     return message
 
@@ -171,10 +175,10 @@ def _triton_messages(reply: Reply[_Request]) -> Iterator[pb.ModelStreamInferResp
         request.held = reply.response
         return
     held, request.held = request.held, None
-    if reply.error is not None:
+    if reply.failure is not None:
         if held is not None:
             yield _triton_response(reply, held, final=False)
-        yield in_band_error(reply, reply.error, triton=True)
+        yield in_band_error(reply, reply.failure, triton=True)
     elif held is not None:
         yield _triton_response(reply, held, final=True)
     else:

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.core.dataplane import DataPlane
 from runtime.core.fairness import GRPC_ACTIVE_WINDOW
 from runtime.core.request_checks import raw_request
-from runtime.errors import Cancelled, PayloadTooLarge, ServerError
+from runtime.errors import Cancelled, PayloadTooLarge, ServerError, internal_error
 from runtime.frontends.rest.codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
 from runtime.frontends.rest.disconnect import cancel_on_disconnect
 from runtime.frontends.rest.sequence import raw_sequence_headers, read_sequence_headers
@@ -236,4 +236,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("Unexpected error serving %s %s", request.method, request.url.path)
-    return error_response(f"Internal server error: {type(exc).__name__}: {exc}", 500)
+    return error_response(internal_error(exc), 500)

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from runtime.errors import ServerError
+from runtime.errors import ServerError, internal_error
 from runtime.streams.stream_counter import StreamCounter, cut_error
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def error_event(exc: BaseException) -> bytes:
         message = exc.message
     else:
         logger.error("Unexpected error in a stream: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        message = f"Internal server error: {type(exc).__name__}: {exc}"
+        message = internal_error(exc)
     data: ErrorData = {"error": message}
     return encode_event({"event": "error", "data": orjson.dumps(data)})
 

@@ -30,7 +30,7 @@ from google.rpc import status_pb2
 from runtime.core.dataplane import DataPlane
 from runtime.core.management import Management
 from runtime.core.management_key import ManagementKey
-from runtime.errors import ModelNotFound, ServerError
+from runtime.errors import InvalidInput, ModelNotFound, ServerError
 from runtime.frontends.grpc.generated import ts_inference_pb2 as pb
 from runtime.frontends.grpc.status_codes import trailers_of
 from runtime.frontends.torchserve.error_body import describe, grpc_code
@@ -52,9 +52,16 @@ def error_status(error: ServerError, model: str) -> tuple[grpc.StatusCode, str, 
     return grpc_code(status), message, trailers_of(error) if status == 503 else ()
 
 
-def in_stream_error(message: str, kind: str = "InternalServerException") -> Any:
-    """An error answered inside StreamPredictions2: code 13 with an ErrorInfo, as TorchServe does."""
+def in_stream_error(error: ServerError | _HandlerStatus, model: str) -> Any:
+    """The failure of one request answered inside StreamPredictions2 (the stream goes on): code 13
+    with TorchServe's message and an ErrorInfo naming its exception type, as TorchServe does; the
+    one place its in-band errors are made. A handler's own error status is its message."""
     from google.rpc import error_details_pb2  # imported by the first such error, not at start-up
+
+    if isinstance(error, _HandlerStatus):
+        kind, message = "InternalServerException", error.message
+    else:
+        _, kind, message = describe(error, model)
 
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.ErrorInfo(reason=f"{kind}.()"))
@@ -123,19 +130,16 @@ class InferenceApi:
     ) -> AsyncIterator[Any]:
         async for request in requests:
             if not request.sequence_id:
-                yield in_stream_error("Parameter sequenceId is required.", "BadRequestException")
+                yield in_stream_error(InvalidInput("Parameter sequenceId is required."), request.model_name)
                 continue
             if not request.model_name:
-                yield in_stream_error("Parameter model_name is required.", "BadRequestException")
+                yield in_stream_error(InvalidInput("Parameter model_name is required."), request.model_name)
                 continue
             try:
                 async for answer in self._answers(request):
                     yield pb.PredictionResponse(prediction=answer.body)
-            except ServerError as exc:
-                _, kind, message = describe(exc, request.model_name)
-                yield in_stream_error(message, kind)
-            except _HandlerStatus as exc:
-                yield in_stream_error(exc.message)
+            except (ServerError, _HandlerStatus) as exc:
+                yield in_stream_error(exc, request.model_name)
 
 
 class _HandlerStatus(Exception):

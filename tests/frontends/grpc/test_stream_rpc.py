@@ -16,11 +16,11 @@ import grpc
 import numpy as np
 import pytest
 
-from runtime.core.client_streams import EACH_BUFFER
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings
+from runtime.streams.window import BUFFERED
 from tests.grpc_support import inference_stub, raw_request
 from tests.servers import RunningServer, serving
 from tests.stream_models import Counter, Endless, Words
@@ -283,13 +283,13 @@ async def test_a_client_that_stops_reading_holds_the_model_back(stream_format: s
     exact whatever the network: with 64 KiB messages, what may sit between the model and a paused
     reader is one message received by the client's transport, one in flight in the window, the one
     the server is writing and the one in the model's hand, with margin (6); in Triton's format,
-    also the replies waiting for the transport (``EACH_BUFFER``), the one the request's task holds,
+    also the replies waiting for the transport (``BUFFERED``), the one the request's task holds,
     and the response held back to learn whether it is the request's last. Without back-pressure
     the endless model would produce for as long as the reader pauses. (With a channel's default
     options, grpc grows the window by BDP probing to a few MiB; the model then stops after that.)
     """
     size = 64 * 1024
-    bound = 6 + (EACH_BUFFER + 2 if stream_format == "triton" else 0)
+    bound = 6 + (BUFFERED + 2 if stream_format == "triton" else 0)
     async with serving(ENDLESS, grpc_stream_format=stream_format) as server:
         model = endless_model(server)
         address = f"127.0.0.1:{server.grpc_port}"
