@@ -201,9 +201,13 @@ class Settings(BaseSettings):
     server is ready once it started, whatever its models' states (each model's own ready endpoint
     still tells)."""
 
-    loop_block_warning: float = Field(default=0.5, ge=0)
+    loop_block_warning: float = Field(default=0.1, ge=0)
     """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
-    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off.
+    The default is asyncio's own threshold for a slow callback (``slow_callback_duration``): every
+    request on the server waits while the loop is blocked. A stall with no model's code on the
+    loop's stack (an import on first use, a full garbage collection) is reported once it lasts
+    five times as long."""
 
     transport_fairness: bool = True
     """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
@@ -233,6 +237,14 @@ class Settings(BaseSettings):
     """Require ``Authorization: Bearer <key>`` on the management API, with a key generated at start
     and written to ``management_key_file`` (readable by the server's user only), as TorchServe
     0.11 does. Turn it off only where the port is otherwise protected."""
+
+    repository_token_auth: bool = True
+    """Require the management key (``Authorization: Bearer <key>``, the key in
+    ``management_key_file``) on the model repository extension's load and unload, on the inference
+    ports: REST ``POST /v2/repository/models/{name}/load`` and ``/unload``, gRPC
+    ``RepositoryModelLoad`` and ``RepositoryModelUnload``. Without it they answer 401 /
+    UNAUTHENTICATED, as Triton refuses them unless its model control mode allows them. False opens
+    them to every client of the inference ports. The repository index (read-only) is always open."""
 
     management_key_file: str = ""
     """Where the management key is written (JSON ``{"management": {"key": ...}}``, mode 0600,

@@ -15,7 +15,7 @@ import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.core.client_streams import ModelStream, Reply, Routed, each, in_sessions
 from runtime.core.fairness import LoopTurns
@@ -32,7 +32,14 @@ from runtime.core.registry import ModelEntry, Registry
 from runtime.core.request_checks import finish_response, prepare_request
 from runtime.core.response_cache import ResponseCache, answer_from, request_digest
 from runtime.core.warmup import WarmupError, warmup_requests
-from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
+from runtime.errors import (
+    ModelFailed,
+    ModelNotFound,
+    RequestTimeout,
+    ServerError,
+    ShuttingDown,
+    Unauthenticated,
+)
 from runtime.handlers import CustomHandler, get_custom_handlers
 from runtime.model import MLModel
 from runtime.repository import RepositoryError, relative_paths, settings_in_repository
@@ -62,6 +69,12 @@ T = TypeVar("T")
 E = TypeVar("E", bound=Exception)
 
 
+class Key(Protocol):
+    """A key a request's ``Authorization`` value is checked against (the management key)."""
+
+    def allows(self, authorization: str | None) -> bool: ...
+
+
 class DataPlane:
     """Health, metadata and inference, whatever the transport."""
 
@@ -75,6 +88,9 @@ class DataPlane:
         self.turns = LoopTurns(settings.transport_fairness)
         """REST and gRPC's fair turns in the one event loop (see runtime.core.fairness)."""
         self.observer: Observer | None = None
+        self.repository_key: Key | None = None
+        """The key the repository's load and unload need (``repository_token_auth``): the server
+        gives it the management key; without one, they are refused while the setting is on."""
         """Metrics and traces of requests and streams (None: both off); see runtime.server.observability."""
         self.expected: set[tuple[str, str | None]] = set()
         """The models (name, version) asked for at startup, which strict readiness waits for."""
@@ -475,11 +491,25 @@ class DataPlane:
             ]
         return items
 
-    async def repository_load(self, name: str) -> None:
+    def _authorize(self, authorization: str | None) -> None:
+        """Raise Unauthenticated unless ``authorization`` (an ``Authorization`` header's value,
+        ``Bearer <key>``) carries the key the repository's load and unload need."""
+        if not self.settings.repository_token_auth:
+            return
+        key = self.repository_key
+        if key is None or not key.allows(authorization):
+            raise Unauthenticated(
+                "Loading and unloading models needs the management key: send 'Authorization: Bearer "
+                "<key>' (the key in the server's management key file; repository_token_auth=false opens them)"
+            )
+
+    async def repository_load(self, name: str, authorization: str | None = None) -> None:
         """(Re)load every version of ``name`` from its model-settings.json in the repository folder.
 
         A model that is loaded keeps serving until its new instance is ready (the registry swaps).
+        ``authorization``: the request's ``Authorization`` value (see ``repository_token_auth``).
         """
+        self._authorize(authorization)
         found = await self._read_repository(name)
         if not found:
             raise ModelNotFound(name)
@@ -489,11 +519,13 @@ class DataPlane:
                 raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
         self.unreadable.discard(name)
 
-    async def repository_unload(self, name: str) -> None:
+    async def repository_unload(self, name: str, authorization: str | None = None) -> None:
         """Unload every version of ``name``; ModelNotFound when none is loaded.
 
-        Strict readiness stops waiting for it: the model was asked to leave.
+        Strict readiness stops waiting for it: the model was asked to leave. ``authorization``: as
+        for :meth:`repository_load`.
         """
+        self._authorize(authorization)
         await self.registry.unload(name)
         self.forget(name)
 

@@ -269,10 +269,12 @@ class AdaptiveScheduler(Scheduler):
             self._log_failure(batch_id, len(live), exc)
             reject(live, functools.partial(model_failed, self.name, exc))
         else:
+            compute = time.monotonic() - start
             resolve(live, responses)
-        finally:
             queued = sum(start - caller.arrival for caller in live)
-            self.stats.executed(len(live), queued, time.monotonic() - start)
+            items = sum(c.rows if isinstance(c, _Caller) else 1 for c in live)
+            self.stats.executed(len(live), queued, compute, items)
+        finally:
             abandon.close()
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))

@@ -267,8 +267,7 @@ class SequenceScheduler(Scheduler):
             results = [exc] * len(steps)
         finally:
             self._running = 0
-            queued = sum(start - pending.queued_at for pending in batch)
-            self.stats.executed(len(batch), queued, time.monotonic() - start)
+            compute = time.monotonic() - start
 
         # keep the new states, then answer the callers (a state that could not be kept fails its
         # batch rather than leave a sequence to go on from a stale state), then tell the model of
@@ -284,6 +283,9 @@ class SequenceScheduler(Scheduler):
             ends.append(ended)
         evicted = await engine.commit(batch, steps, results, ends)
         ok = [isinstance(result, InferenceResponse) for result in results]
+        served = [pending for pending, good in zip(batch, ok, strict=True) if good]
+        if served:  # the steps that failed count as failures alone
+            self.stats.executed(len(served), sum(start - p.queued_at for p in served), compute)
         for pending, result in zip(batch, results, strict=True):
             if pending.future.done():
                 continue

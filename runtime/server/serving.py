@@ -237,11 +237,15 @@ class Server:
 
     def _new_management_key(self) -> ManagementKey | None:
         """The management key (written to its file), which both the management REST API and
-        TorchServe's gRPC management service require; None when token authorization is off."""
-        if self.settings.management_token_auth:
-            self._management_key = ManagementKey(self.settings.management_key_file)
+        TorchServe's gRPC management service require (None when their token authorization is
+        off), and the repository extension's load and unload too (``repository_token_auth``)."""
+        settings = self.settings
+        if settings.management_token_auth or settings.repository_token_auth:
+            self._management_key = ManagementKey(settings.management_key_file)
             self._management_key.write()
-        return self._management_key
+        if settings.repository_token_auth:
+            self.dataplane.repository_key = self._management_key
+        return self._management_key if settings.management_token_auth else None
 
     async def _start_management(self) -> None:
         """The management API on its own port, guarded by a key unless token auth is off."""
@@ -257,7 +261,8 @@ class Server:
                 settings.management_host,
             )
         assert self.management is not None
-        app = create_management_app(self.management, self._management_key)
+        key = self._management_key if settings.management_token_auth else None
+        app = create_management_app(self.management, key)
         served = await self._serve_http(app, settings.management_port, settings.management_host)
         self._management_http, self._management_task, self.management_port = served
         logger.info(

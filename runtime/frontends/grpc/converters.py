@@ -10,15 +10,21 @@ contents otherwise, and raw whatever the request when an output's datatype has n
 Parameters keep their kind both ways: ``uint64_param`` arrives as :class:`runtime.types.UInt64`
 and leaves as ``uint64_param``, like any integer of 2**63 or more; other integers travel as
 ``int64_param``, floats as ``double_param``, booleans as ``bool_param``, strings as ``string_param``.
+
+Bytes that do not parse as the request message a method expects are bad input: the method's
+deserializer (:func:`request_reader`) gives an :class:`Undecodable` in the message's place, and
+the handler's first read of a field raises ``InvalidInput`` (INVALID_ARGUMENT, in band on a stream).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import orjson
+from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 
 from runtime.errors import InvalidInput, ModelFailed
@@ -58,6 +64,54 @@ _CONTENTS: dict[str, tuple[str, Any]] = {
 }
 
 _INT64_MIN, _INT64_END, _UINT64_END = -(2**63), 2**63, 2**64
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- bytes that do not parse
+
+
+class Undecodable:
+    """What a request deserializer gives for bytes that are not the message it expects: reading
+    any field raises ``InvalidInput`` (so a handler's first read answers INVALID_ARGUMENT, and a
+    valid message costs nothing more than the deserializer's try)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def refusal(self) -> InvalidInput:
+        """The error that answers this message."""
+        return InvalidInput(self.message)
+
+    def decode(self) -> InferenceRequest:
+        """What decoding it would give: its refusal, raised."""
+        raise self.refusal()
+
+    def __getattr__(self, name: str) -> Any:
+        raise self.refusal()
+
+
+def request_reader(message_type: Any) -> Callable[[bytes], Any]:
+    """A gRPC request deserializer of ``message_type``: the message, or an :class:`Undecodable`
+    (logged on one line) when the bytes do not parse. grpc would otherwise log the DecodeError
+    with its traceback and answer UNKNOWN, ending a stream."""
+    parse = message_type.FromString
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            logger.info(
+                "Refused a gRPC message (%d bytes) that is not a valid %s: %s", len(data), full_name, exc
+            )
+            return Undecodable(
+                f"The message is not a valid {full_name}: it does not parse as protobuf ({exc})"
+            )
+
+    return deserialize
 
 
 # ---------------------------------------------------------------------- parameters

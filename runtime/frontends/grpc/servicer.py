@@ -69,6 +69,14 @@ def _metadata(context: Any) -> tuple[tuple[str, Any], ...]:
     return context.invocation_metadata() or ()
 
 
+def _authorization(context: Any) -> str | None:
+    """The call's ``authorization`` metadata (``Bearer <key>``), as REST's header."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
+
+
 def serialized(message: pb.ModelInferResponse | bytes) -> bytes:
     """ModelInfer's response serializer: its answer is a message, or already its bytes."""
     return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
@@ -145,7 +153,7 @@ class InferenceServicer:
                 f"Loading with parameters ({', '.join(sorted(request.parameters))}) is not supported: "
                 "models load from the model-settings.json in the repository folder"
             )
-        await self.dataplane.repository_load(request.model_name)
+        await self.dataplane.repository_load(request.model_name, _authorization(context))
         return pb.RepositoryModelLoadResponse()
 
     @guarded
@@ -153,5 +161,5 @@ class InferenceServicer:
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         # Triton's unload_dependents has no meaning here: models do not depend on each other
-        await self.dataplane.repository_unload(request.model_name)
+        await self.dataplane.repository_unload(request.model_name, _authorization(context))
         return pb.RepositoryModelUnloadResponse()

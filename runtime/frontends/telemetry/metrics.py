@@ -24,7 +24,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from runtime.core.residency import LOAD_BUCKETS
-from runtime.telemetry.counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
+from runtime.telemetry.counts import (
+    BATCH_BUCKETS,
+    DURATION_BUCKETS,
+    TRITON_REASONS,
+    ModelKey,
+    Recorder,
+    merge,
+)
 
 if TYPE_CHECKING:
     from runtime.core.registry import Registry
@@ -90,15 +97,16 @@ def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
         name: Metric(name, text, "unknown")
         for name, text in (
             ("nv_inference_request_success", "Number of successful inference requests (Triton's name)"),
-            ("nv_inference_request_failure", "Number of failed inference requests (Triton's name)"),
-            ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds"),
+            (
+                "nv_inference_request_failure",
+                "Number of failed inference requests, by reason (Triton's name)",
+            ),
+            (
+                "nv_inference_request_duration_us",
+                "Cumulative duration of the successful inference requests, in microseconds",
+            ),
         )
     }
-    pending = GaugeMetricFamily(
-        "nv_inference_pending_request_count",
-        "Inference requests taken and not yet answered (queued or executing)",
-        labels=TRITON_LABELS,
-    )
     for (name, version), c in sorted(models.items()):
         labels = [name, version]
         tlabels = {"model": name, "version": version}
@@ -114,16 +122,16 @@ def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
         triton["nv_inference_request_success"].add_sample(
             "nv_inference_request_success", tlabels, c["success"]
         )
-        triton["nv_inference_request_failure"].add_sample(
-            "nv_inference_request_failure", tlabels, c["failure"]
-        )
+        failed = c["failed"]
+        for reason in TRITON_REASONS:  # every reason present from the start, as Triton's
+            triton["nv_inference_request_failure"].add_sample(
+                "nv_inference_request_failure", {**tlabels, "reason": reason}, failed.get(reason, 0)
+            )
         triton["nv_inference_request_duration_us"].add_sample(
-            "nv_inference_request_duration_us", tlabels, round(c["duration"]["sum"] * 1e6)
+            "nv_inference_request_duration_us", tlabels, round(c["success_seconds"] * 1e6)
         )
-        pending.add_metric([name, version], c["pending"])
     yield from (success, failure, duration, rejected, streams_open, streams, events, cancelled)
     yield from triton.values()
-    yield pending
 
 
 def _transport_families(data: dict[str, Any]) -> Iterator[Metric]:
@@ -182,6 +190,11 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
     depth = GaugeMetricFamily(
         "model_queue_depth", "Requests (or streams) waiting in the model's queue now", labels=MODEL_LABELS
     )
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Inference requests (or streams) awaiting execution: in the model's queue now",
+        labels=TRITON_LABELS,
+    )
     seq_open = GaugeMetricFamily("model_sequences_open", "Sequences open now", labels=MODEL_LABELS)
     seq_ended = CounterMetricFamily(
         "model_sequences_ended",
@@ -232,6 +245,7 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
         if inner is not None:
             queued += getattr(inner, "queued", 0)
         depth.add_metric(labels, queued)
+        pending.add_metric(labels, queued)
         sequences = described.get("sequence_stats") or (
             own if described.get("scheduler") == "sequence" else None
         )
@@ -245,7 +259,8 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
         if described.get("scheduler") == "continuous":
             running.add_metric(labels, own.get("running_streams", 0))
             waiting.add_metric(labels, own.get("queued_streams", 0))
-    yield from (count, execs, queue_us, compute_us, batch, depth, seq_open, seq_ended, seq_rejected, states)
+    yield from (count, execs, queue_us, compute_us, batch, depth, pending, seq_open, seq_ended, seq_rejected)
+    yield states
     yield from (running, waiting)
     yield from _worker_families(registry)
 

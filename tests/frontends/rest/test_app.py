@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
+from runtime.core.management_key import ManagementKey
 from runtime.settings import ModelParameters, ModelSettings, Settings
 from tests.conftest import InProcess
 from tests.models import zoo
@@ -42,11 +43,16 @@ async def api(inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def test_health_and_server_metadata(api: httpx.AsyncClient) -> None:
+async def test_health_and_server_metadata(api: httpx.AsyncClient, inprocess: InProcess) -> None:
     assert (await api.get("/v2/health/live")).status_code == 200
     # strict readiness: the model 'broken' failed to load, so the server is not ready
     assert (await api.get("/v2/health/ready")).status_code == 503
-    await api.post("/v2/repository/models/broken/unload")
+    key = ManagementKey("not-written")  # the key a server would give its DataPlane
+    inprocess.dataplane.repository_key = key
+    unload = await api.post(
+        "/v2/repository/models/broken/unload", headers={"Authorization": f"Bearer {key.key}"}
+    )
+    assert unload.status_code == 200
     assert (await api.get("/v2/health/ready")).status_code == 200
     meta = (await api.get("/v2")).json()
     assert meta["name"] == "mlserver-like"
