@@ -227,7 +227,7 @@ def test_the_repository_api_unloads_and_loads_a_runtime(
 ) -> None:
     server, models = tabular_server
     x = data(rows=1, seed=5)[0]
-    with httpx.Client(base_url=server.http_url, timeout=60) as client:
+    with httpx.Client(base_url=server.http_url, timeout=60, headers=server.authorization()) as client:
         assert client.post("/v2/repository/models/xgb-batched/unload").status_code == 200
         assert client.post("/v2/models/xgb-batched/infer", json=rows_body(x)).status_code in (404, 503)
         assert client.post("/v2/repository/models/xgb-batched/load").status_code == 200

@@ -30,6 +30,8 @@ async def repository(
     for i, (name, own) in enumerate(models.items()):
         write_model(tmp_path, name, k=100 * (i + 1), extra={"mib": 1, **own.pop("extra", {})}, **own)
     settings.setdefault("load_models_at_startup", False)
+    # these tests load and unload through the repository extension: opened (its key is tested apart)
+    settings.setdefault("repository_token_auth", False)
     async with serving_repository(tmp_path, **settings) as server:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as http:
             yield server, http

@@ -106,7 +106,11 @@ async def test_a_hit_answers_with_its_own_id_without_calling_the_model(tmp_path:
     write_model(tmp_path, "cached", k=10, extra={"mib": 1}, response_cache=True)
     write_model(tmp_path, "plain", k=20, extra={"mib": 1})
     async with serving_repository(tmp_path, response_cache="memory") as server:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http:
+        key = server.dataplane.repository_key
+        assert key is not None
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{server.http_port}", headers={"Authorization": f"Bearer {key.key}"}
+        ) as http:
             first = await http.post("/v2/models/cached/infer", json=body(1, id="one"))
             second = await http.post("/v2/models/cached/infer", json=body(1, id="two"))
             assert answer(first) == answer(second) == 11
