@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runtime.sequences.identity import END, HEADERS, ID, REPLICA, STEP, apply_headers, response_headers
-from runtime.types import InferenceRequest, InferenceResponse
+from runtime.types import InferenceRequest, InferenceResponse, extras
 
 _PREFIX = b"ts_request_sequence_"
 _STEP = STEP.encode()
@@ -43,8 +43,7 @@ def sequence_headers(response: InferenceResponse) -> dict[str, str]:
 
 def raw_sequence_headers(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
     """``sequence_headers(response)`` as an ASGI response's raw headers (UTF-8), in one call."""
-    parameters = response.parameters
-    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    extra = extras(response.parameters)
     if not extra or ID not in extra:
         return []
     echo = extra[ID]
