@@ -92,9 +92,22 @@ class RestApp(Starlette):
                     params = {"model_name": parts[0], "model_version": parts[2]}
                 else:
                     endpoint = None
-                if endpoint is not None:
+                if endpoint is not None:  # the OIP's infer, answered here (no coroutine of its own)
                     self._routed(scope, endpoint, params)
-                    await self._infer(scope, receive, send, count)
+                    began = perf_counter() if count is not None else 0.0
+                    status = 500  # what the client gets when answering fails before the response starts
+                    try:
+                        try:
+                            start, body = await self._api.answer(scope, receive)
+                        except Exception as exc:
+                            status = await self._failed(scope, receive, send, exc)
+                            return
+                        status = start["status"]
+                        await send(start)
+                        await send(body)
+                    finally:
+                        if count is not None:
+                            count(status, perf_counter() - began)
                     return
             elif method in ("POST", "PUT") and path.startswith(_TS_PREFIX):  # `curl -T` sends a PUT
                 parts = path[len(_TS_PREFIX) :].split("/")
@@ -115,23 +128,6 @@ class RestApp(Starlette):
         scope.setdefault("router", self.router)
         scope["endpoint"] = endpoint
         scope["path_params"] = params
-
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
-        """The OIP's ``POST .../infer``, straight to its handler."""
-        began = perf_counter() if count is not None else 0.0
-        status = 500  # what the client gets when answering fails before the response starts
-        try:
-            try:
-                start, body = await self._api.answer(scope, receive)
-            except Exception as exc:
-                status = await self._failed(scope, receive, send, exc)
-                return
-            status = start["status"]
-            await send(start)
-            await send(body)
-        finally:
-            if count is not None:
-                count(status, perf_counter() - began)
 
     async def _prediction(self, scope: Scope, receive: Receive, send: Send, count: Count | None) -> None:
         """TorchServe's ``/predictions/{model_name}[/{model_version}]``, straight to its handler as

@@ -114,10 +114,12 @@ class StreamingApi:
         """The request a generate body stands for and how to answer it; or a tensor
         InferenceRequest (JSON or binary tensor data), answered as ``/infer`` answers it."""
         self.dataplane.check_model(name, version)
-        read = await read_request(request.scope, request.receive, self.api.max_request_size)
+        raw, header_length, sequence = await read_request(
+            request.scope, request.receive, self.api.max_request_size
+        )
         answer: Answer | None = None
-        if read.header_length is None:
-            document = parse_json(read.body)
+        if header_length is None:
+            document = parse_json(raw)
             if is_generate_body(document):
                 try:
                     body = GenerateRequest.model_validate(document)
@@ -127,9 +129,9 @@ class StreamingApi:
             elif not isinstance(document, dict) or "inputs" not in document:
                 raise InvalidInput("A generate request needs text_input (or, as a tensor request, inputs)")
         if answer is None:
-            inference_request = self.api.parse_inference_request(read.body, read.header_length, name, version)
-        if read.sequence is not None:
-            apply_headers(inference_request, read.sequence)
+            inference_request = self.api.parse_inference_request(raw, header_length, name, version)
+        if sequence is not None:
+            apply_headers(inference_request, sequence)
         return inference_request, answer
 
     def routes(self) -> list[BaseRoute]:
