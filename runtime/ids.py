@@ -21,7 +21,7 @@ def new_id() -> str:
 def assign_id(request: InferenceRequest) -> str:
     """The request's id, made now if it came without one: the one place request ids are assigned."""
     if request.id is None:
-        made = new_id()
+        made = _uuid_text(getrandbits(128))  # (new_id without its frame: once per request)
         set_field(request, "id", made)
         return made
     return request.id
