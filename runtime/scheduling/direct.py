@@ -60,7 +60,7 @@ class DirectScheduler(Scheduler):
             with direct_span(self.settings.name, next(self._calls), start):
                 return await self.executor.call_predict(request)
         finally:
-            self.stats.executed(1, compute=monotonic() - start)
+            self.stats.executed(1, 0.0, monotonic() - start)
             self._leave()
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
