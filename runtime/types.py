@@ -125,10 +125,11 @@ def fields_set(model: BaseModel) -> set[str]:
     return model.__pydantic_fields_set__
 
 
-def model_state(model: BaseModel) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
-    """What an instance is made of (its values, extras and fields set: what pydantic pickles), the
-    objects themselves; ``built(type(model), *model_state(model))`` makes its copy."""
-    return model.__dict__, model.__pydantic_extra__, model.__pydantic_fields_set__
+def model_state(model: BaseModel) -> tuple[dict[str, Any], set[str], dict[str, Any] | None]:
+    """What an instance is made of (its values, fields set and extras: what pydantic pickles), the
+    objects themselves, in :func:`built`'s order: ``built(type(model), *model_state(model))`` makes
+    an instance that shares them."""
+    return model.__dict__, model.__pydantic_fields_set__, model.__pydantic_extra__
 
 
 _NOT_EXTRA = frozenset(Parameters.model_fields) | frozenset(dir(Parameters))

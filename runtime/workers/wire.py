@@ -154,8 +154,7 @@ def _flat_parameters(parameters: Any) -> Any:
 def _parameters(flat: Any) -> Any:
     if type(flat) is not tuple:
         return flat
-    values, extra, fields_set = flat
-    return built(Parameters, values, fields_set, extra)
+    return built(Parameters, *flat)
 
 
 def _flat_datatype(datatype: Any) -> Any:
