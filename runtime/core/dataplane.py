@@ -192,10 +192,8 @@ class DataPlane:
         """Raise now if the model cannot take a request, before a transport reads the body (a
         refusal is counted as ``infer`` counts one); return the model's entry, whose settings a
         transport may read to translate the request."""
-        try:  # what _entry does, written out: this runs twice per request
-            if self.draining:
-                raise ShuttingDown("The server is shutting down")
-            return self.registry.serving(name, version)
+        try:
+            return self._entry(name, version)
         except ServerError as exc:
             if self.observer is not None:
                 self.observer.refused(name, version, exc)
@@ -238,11 +236,7 @@ class DataPlane:
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
         prepare_request(request, entry)
-        if request.parameters is None:  # what queue_timeout gives then, without the call
-            default = entry.settings.request_timeout
-            limit = default if default > 0 else None
-        else:
-            limit = queue_timeout(request, entry.settings.request_timeout)
+        limit = queue_timeout(request, entry.settings.request_timeout)
         digest = None
         if self.cache is not None and entry.settings.response_cache and not entry.settings.sequence_batching:
             digest = request_digest(request)

@@ -155,9 +155,7 @@ class SequenceScheduler(Scheduler):
         try:
             return await pending.future
         except asyncio.CancelledError:
-            # what submit's done callback does, here in the caller (no callback per request)
-            if pending.future.cancelled():
-                self.engine.cancel(pending)
+            self._forget_cancelled(pending)  # here in the caller: no done callback per request
             raise
 
     async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse:
@@ -182,11 +180,12 @@ class SequenceScheduler(Scheduler):
         return seq is None or len(seq.queue) < self.sequences.max_queue
 
     def _on_done(self, pending: Pending) -> Callable[[asyncio.Future[InferenceResponse]], None]:
-        def done(future: asyncio.Future[InferenceResponse]) -> None:
-            if future.cancelled():
-                self.engine.cancel(pending)
+        return lambda _: self._forget_cancelled(pending)
 
-        return done
+    def _forget_cancelled(self, pending: Pending) -> None:
+        """Take a request whose caller left (its future cancelled) out of its sequence."""
+        if pending.future.cancelled():
+            self.engine.cancel(pending)
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest]

@@ -116,12 +116,8 @@ class RestApp(Starlette):
                     params = {"model_name": parts[0], "model_version": parts[2]}
                 else:
                     endpoint = None
-                if endpoint is not None:  # _routed and _infer, written out: the hot path
-                    scope["app"] = self
-                    if "router" not in scope:
-                        scope["router"] = self.router
-                    scope["endpoint"] = endpoint
-                    scope["path_params"] = params
+                if endpoint is not None:  # the OIP's infer, answered here (no coroutine of its own)
+                    self._routed(scope, endpoint, params)
                     began = perf_counter() if count is not None else 0.0
                     status = 500  # what the client gets when answering fails before the response starts
                     try:

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-from runtime.tensors import to_raw
+from runtime.frontends.grpc.wire_codec import PACKED, packed_array, raw_bytes
 from runtime.types import (
     Datatype,
     InferenceRequest,
@@ -239,9 +239,8 @@ _REQUEST_FIELDS = frozenset(InferenceRequest.model_fields)
 
 def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:
     has_contents = tensor.HasField("contents")
-    packed = _PACKED.get(datatype)
-    if packed is not None and has_contents:
-        array = _packed_array(tensor.contents.SerializeToString(), *packed)
+    if has_contents and datatype in PACKED:  # read straight from the bytes (wire_codec)
+        array = packed_array(tensor.contents.SerializeToString(), datatype)
         if array is not None:
             return array
     fields = tensor.contents.ListFields() if has_contents else []
@@ -276,39 +275,6 @@ def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -
             f"values must lie in [{info.min}, {info.max}]"
         )
     return array.astype(dtype)
-
-
-# the contents fields whose values are written packed, one fixed-size little-endian value (or one
-# byte: a bool's varint is 0 or 1) after another: their key and the dtype of their values
-_PACKED: dict[str, tuple[int, np.dtype[Any]]] = {
-    "BOOL": (0x0A, np.dtype(np.bool_)),
-    "FP32": (0x32, np.dtype("<f4")),
-    "FP64": (0x3A, np.dtype("<f8")),
-}
-
-
-def _packed_array(contents: bytes, key: int, dtype: np.dtype[Any]) -> np.ndarray | None:
-    """The values of a serialized InferTensorContents that holds the one field ``key`` (packed, as
-    protobuf writes it), as a new array of ``dtype``: what ``np.asarray`` of the repeated field
-    gives, bit for bit, without going through it. None when anything else is there (the general
-    path sorts it out)."""
-    if len(contents) < 2 or contents[0] != key:
-        return None
-    length, start = contents[1], 2
-    if length >= 0x80:
-        length, shift = length & 0x7F, 7
-        while True:
-            if start >= len(contents):
-                return None
-            byte = contents[start]
-            start += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-    if start + length != len(contents) or length % dtype.itemsize:
-        return None
-    return np.frombuffer(contents, dtype, offset=start).copy()  # writable, as np.asarray's
 
 
 # ---------------------------------------------------------------------- responses
@@ -348,21 +314,6 @@ def response_to_proto(
         else:
             _set_typed(tensor.contents, out.data, datatype)
     return msg
-
-
-RAW_DTYPES = {datatype: dtype for datatype, (_, dtype) in _CONTENTS.items() if datatype != "BYTES"}
-RAW_DTYPES["FP16"], RAW_DTYPES["BF16"] = np.dtype("<f2"), np.dtype("<u2")
-NO_DTYPE = np.dtype([("no raw dtype", "u1")])
-"""What no output's array is (BYTES has no raw dtype; ``dtype == None`` would hold for float64)."""
-
-
-def raw_bytes(data: Any, datatype: str) -> bytes:
-    """An output's raw contents: a checked output's array (of the datatype's little-endian dtype)
-    copied once, in C order; anything else as ``to_raw`` makes it."""
-    if type(data) is np.ndarray and data.dtype == RAW_DTYPES.get(datatype, NO_DTYPE):
-        return data.tobytes()  # (also right for an empty array, which to_raw cannot cast)
-    raw = to_raw(data, datatype)
-    return raw if isinstance(raw, bytes) else raw.tobytes()
 
 
 def _set_typed(contents: pb.InferTensorContents, array: np.ndarray, datatype: str) -> None:

@@ -24,8 +24,8 @@ from runtime.frontends.grpc.converters import (
     server_metadata_to_proto,
 )
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-from runtime.frontends.grpc.response_writer import response_bytes
 from runtime.frontends.grpc.status_codes import code_of, status_message, trailers_of
+from runtime.frontends.grpc.wire_codec import response_bytes
 from runtime.sequences.identity import apply_headers, response_headers
 
 logger = logging.getLogger(__name__)
