@@ -61,6 +61,9 @@ from runtime.types import (
 
 logger = logging.getLogger(__name__)
 
+release = Registry.release
+"""What a request took of its model's entry, given back (one name, looked up once)."""
+
 _READY = State.READY
 
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
@@ -285,9 +288,7 @@ class DataPlane:
         finally:
             self._unary.discard(task)
             self._cut.discard(task)
-            entry.busy -= 1  # Registry.release, written out
-            if not entry.busy and entry.on_idle is not None:
-                entry.on_idle()
+            release(entry)
         response = finish_response(response, request, entry)
         if digest is not None and self.cache is not None:
             await self.cache.put(entry.name, entry.version, digest, response)

@@ -273,7 +273,7 @@ class Registry:
 
     @staticmethod
     def release(entry: ModelEntry) -> None:
-        """What ``acquire`` took (the DataPlane writes this out on its hot path)."""
+        """What ``acquire`` took (the DataPlane calls it as ``release`` on its hot path)."""
         entry.busy -= 1
         if not entry.busy and entry.on_idle is not None:
             entry.on_idle()
