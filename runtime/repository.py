@@ -96,6 +96,13 @@ def settings_in_repository(root: str | os.PathLike[str], name: str | None = None
     return named
 
 
+MLSERVER_RUNTIMES = {
+    "mlserver_huggingface.HuggingFaceRuntime": "runtime.huggingface.HuggingFaceModel",
+}
+"""MLServer's runtime classes, by the ``implementation`` its model-settings.json names, and the
+runtimes of this server that serve those settings unchanged."""
+
+
 def import_model_class(settings: ModelSettings) -> type:
     """The class named by ``settings.implementation``.
 
@@ -103,11 +110,13 @@ def import_model_class(settings: ModelSettings) -> type:
     under a name unique to the folder, so that two models may both keep their code in model.py.
     ``.module.Class`` (a leading dot) names a file of the model's folder only. Either way the file
     must lie inside the model's folder: a path that escapes it (``..evil.Model``) is refused.
-    Anything else is imported normally.
+    Anything else is imported normally; an MLServer runtime's name (``MLSERVER_RUNTIMES``) names
+    the runtime here that serves its settings.
     """
     implementation = settings.implementation
     if isinstance(implementation, type):
         return implementation
+    implementation = MLSERVER_RUNTIMES.get(implementation, implementation)
     module_name, _, class_name = implementation.rpartition(".")
     relative = module_name.startswith(".")
     module_name = module_name[1:] if relative else module_name

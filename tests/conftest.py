@@ -89,3 +89,14 @@ def textgen_server() -> Iterator[RunningServer]:
 from .grpc_support import grpc_models, grpc_server  # noqa: E402
 
 __all__ = ["grpc_models", "grpc_server"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder written by save_pretrained: a tiny Llama-style model and its tokenizer, made now
+    (``tests/huggingface/tiny_llm.py``); skips where the llm extra is not installed."""
+    pytest.importorskip("transformers", reason="the Hugging Face runtime needs the llm extra (transformers)")
+    pytest.importorskip("tokenizers", reason="the Hugging Face runtime needs the llm extra (tokenizers)")
+    from .huggingface.tiny_llm import build
+
+    return build(tmp_path_factory.mktemp("tiny-llm"))

@@ -1,7 +1,9 @@
 """KServe's V1 protocol on the main REST port, translated onto the DataPlane.
 
 - ``GET /v1/models`` -> ``{"models": [names]}``; ``GET /v1/models/{m}`` -> ``{"name", "ready"}``
-  (503 ``{"error": "Model with name m is not ready."}`` when it is not).
+  (503 ``{"error": "Model with name m is not ready."}`` when it is not). The same paths are the
+  OpenAI API's model list and model: each answer carries OpenAI's keys too (``object``,
+  ``data``; ``id``, ``created``, ``owned_by``), so one answer serves both clients.
 - ``POST /v1/models/{m}:predict`` with ``{"instances": [...]}`` (rows) or ``{"inputs": ...}``
   (columns) -> ``{"predictions": [...]}``. Rows map onto the model's declared inputs: with one
   input, the instances are its rows; with several, each instance is an object keyed by input name.
@@ -38,6 +40,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelNotFound, ServerError
+from ..frontends.openai.openai_bodies import model_card, models_list
 from ..rest.app import read_body
 from ..rest.disconnect import cancel_on_disconnect
 from ..rest.status import headers_of, status_of
@@ -188,7 +191,7 @@ class KServeV1:
 
     async def list_models(self, request: Request) -> Response:
         names = sorted({item.name for item in self.dataplane.registry.index(ready_only=True)})
-        return _json({"models": names})
+        return _json(models_list(names))
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["model_name"]
@@ -198,7 +201,7 @@ class KServeV1:
             return _error(f"Model with name {name} does not exist.", 404)
         if not ready:
             return _error(f"Model with name {name} is not ready.", 503)
-        return _json({"name": name, "ready": True})
+        return _json({"name": name, "ready": True, **model_card(name)})
 
     async def predict(self, request: Request) -> Response:
         return await self._serve(request, explain=False)

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..dataplane import DataPlane
 from ..errors import ServerError
+from ..frontends.openai.openai_routes import OpenAIApi
 from ..kserve.v1 import KServeV1
 from ..torchserve.rest_api import TorchServeRest
 from .app import RestApi, _http_error, _server_error, _unexpected
@@ -170,7 +171,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
     torchserve = TorchServeRest(dataplane)
     oip = api.routes()
     # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
-    # straight), then TorchServe's and KServe's inference routes, then everything else
+    # straight), then TorchServe's, KServe's and the OpenAI API's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
     return RestApp(
         api,
@@ -178,6 +179,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         hot
         + torchserve.routes()
         + KServeV1(dataplane).routes()
+        + OpenAIApi(dataplane).routes()
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)

@@ -1,0 +1,1 @@
+"""Protocol front ends: each translates one wire format onto the DataPlane."""
