@@ -46,7 +46,7 @@ def load(config: HuggingFaceConfig) -> Loaded:
     if options.chat_template is not None:
         tokenizer.chat_template = options.chat_template
     factory = AutoModelForCausalLM if options.task == "text-generation" else AutoModel
-    model = factory.from_pretrained(str(config.path), dtype=dtype, local_files_only=True)
+    model: Any = factory.from_pretrained(str(config.path), dtype=dtype, local_files_only=True)
     model.to(device)
     model.eval()
     return Loaded(model=model, tokenizer=tokenizer, device=device)

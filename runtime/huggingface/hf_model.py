@@ -53,6 +53,7 @@ class Generation:
 
     __slots__ = (
         "count",
+        "counted",
         "entries",
         "finish",
         "first",
@@ -85,6 +86,8 @@ class Generation:
         self.sequence: Any = None
         self.generator: Any = None
         self.count = 0
+        self.counted = False
+        """Its tokens were added to the model's ``token_stats``."""
         self.last = -1
         self.finish: str | None = None
         self.first = True
@@ -121,8 +124,8 @@ class HuggingFaceModel(ContinuousModel):
                 settings.outputs = [MetadataTensor(name="text_output", datatype=Datatype.BYTES, shape=[1])]
         elif not settings.outputs:
             settings.outputs = [MetadataTensor(name="embedding", datatype=Datatype.FP32, shape=[-1, -1])]
-        self.token_stats = TokenStats()
-        """What the metrics read (vLLM's families)."""
+        self.token_stats = TokenStats() if self.task == "text-generation" else None
+        """What the metrics read (vLLM's families), for a language model."""
         self.executor: ThreadPoolExecutor | None = None
         self.context_length = 0
 
@@ -242,7 +245,7 @@ class HuggingFaceModel(ContinuousModel):
                 raise InvalidInput(
                     f"input_ids holds a token id outside the vocabulary (0 to {vocabulary - 1})"
                 )
-            return ids, self.tokenizer.decode(ids)
+            return ids, str(self.tokenizer.decode(ids))
         name = self.settings.generate.text_input
         if name not in inputs:
             raise InvalidInput(
@@ -253,11 +256,12 @@ class HuggingFaceModel(ContinuousModel):
 
     # ------------------------------------------------------------------ steps
 
-    async def step(self, streams: list[Stream]) -> list[StepResult]:
+    async def step(self, streams: list[Stream]) -> list[StepResult]:  # type: ignore[override]  # async: allowed
         generations: list[Generation] = [stream.state for stream in streams]
         produced: list[Produced] = await self._run(self._advance, generations)
         now = time.monotonic()
         stats = self.token_stats
+        assert stats is not None
         results = []
         for stream, g, out in zip(streams, generations, produced, strict=True):
             if g.count == 1:
@@ -265,6 +269,10 @@ class HuggingFaceModel(ContinuousModel):
             else:
                 stats.next_token(now - g.last_at)
             g.last_at = now
+            if out.finish is not None:  # counted before the answer goes: a client reads it at once
+                g.counted = True
+                label = "length" if out.finish == "length" else "stop"
+                stats.ended(len(g.prompt), g.count, label, now - stream.arrived)
             if out.piece or out.finish is not None:
                 results.append(StepResult(self._chunk(g, out), finished=out.finish is not None))
             else:
@@ -340,7 +348,7 @@ class HuggingFaceModel(ContinuousModel):
         return Produced(piece, finish, logprobs)
 
     def _entry(self, token: int, logprob: float | None) -> dict[str, Any]:
-        text = self.tokenizer.decode([token])
+        text = str(self.tokenizer.decode([token]))
         return {"id": token, "token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     def _chunk(self, g: Generation, out: Produced) -> InferenceResponse:
@@ -389,15 +397,15 @@ class HuggingFaceModel(ContinuousModel):
         if g is None:
             return
         await self._run(self.cache.free, g.sequence)
-        if reason == "finished":
-            label = "length" if g.finish == "length" else "stop"
-        else:
-            label = "abort" if reason != "failed" else "error"
-        prefilled = g.count > 0
+        if g.counted:
+            return
+        g.counted = True
+        assert self.token_stats is not None
+        prefilled = g.count > 0  # a stream cut short counts the tokens it was computed
         self.token_stats.ended(
             len(g.prompt) if prefilled else 0,
             g.count,
-            label,
+            "abort" if reason != "failed" else "error",
             g.last_at - stream.arrived if prefilled else None,
         )
 

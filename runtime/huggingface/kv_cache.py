@@ -72,7 +72,8 @@ class BatchCache:
         cache = DynamicCache(config=self.config)
         ids = torch.tensor([prompt], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_argument: cache})
-        sequence.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        layers: list[Any] = list(cache.layers)
+        sequence.kv = [(layer.keys, layer.values) for layer in layers]
         sequence.length = len(prompt)
         logits: torch.Tensor = out.logits[0, -1]
         return logits
@@ -121,7 +122,7 @@ class BatchCache:
             return
         wanted = {id(s) for s in sequences}
         old_rows = {id(s): i for i, s in enumerate(self.rows)}
-        old = self.cache.layers if self.cache is not None else []
+        old: list[Any] = list(self.cache.layers) if self.cache is not None else []
         width = self.mask.shape[1] if self.mask is not None else 0
         for i, sequence in enumerate(self.rows):  # a stream sitting this step out keeps its own copy
             if id(sequence) not in wanted and not sequence.freed:
@@ -135,7 +136,8 @@ class BatchCache:
             return
         total = max(s.length for s in sequences)
         cache = DynamicCache(config=self.config)
-        for index, layer in enumerate(cache.layers):
+        new: list[Any] = list(cache.layers)
+        for index, layer in enumerate(new):
             sources = []
             for sequence in sequences:
                 row = old_rows.get(id(sequence))

@@ -16,13 +16,13 @@ back. This module imports neither torch nor transformers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Decoder(Protocol):
     """What a tokenizer offers (``PreTrainedTokenizerBase.decode``)."""
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ..., **kwargs: Any) -> Any: ...
 
 
 class TextStream:
@@ -51,8 +51,8 @@ class TextStream:
         if not text:
             return
         self.ids.append(token)
-        before = self.decoder.decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
-        after = self.decoder.decode(self.ids[self._prefix :], skip_special_tokens=True)
+        before = str(self.decoder.decode(self.ids[self._prefix : self._read], skip_special_tokens=True))
+        after = str(self.decoder.decode(self.ids[self._prefix :], skip_special_tokens=True))
         if len(after) > len(before) and not after.endswith("\ufffd"):
             piece = after[len(before) :]
             self._prefix, self._read = self._read, len(self.ids)

@@ -45,7 +45,7 @@ def build(folder: Path, hidden: int = 64, layers: int = 2, vocabulary: int = 300
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(sentences(2000, seed), trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -77,7 +77,8 @@ def reference(folder: Path, prompt: str | list[int], max_new_tokens: int) -> lis
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if folder not in _LOADED:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model.eval()  # type: ignore[no-untyped-call]
         _LOADED[folder] = (model, AutoTokenizer.from_pretrained(folder))
     model, tokenizer = _LOADED[folder]
     ids = prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]

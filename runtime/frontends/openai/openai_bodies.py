@@ -294,7 +294,7 @@ def embeddings_request(body: dict[str, Any]) -> tuple[InferenceRequest, Literal[
         raise OpenAIError("encoding_format must be 'float' or 'base64'", "encoding_format")
     data = [t.encode() for t in texts]
     inp = RequestInput(name="text_input", shape=[len(data)], datatype=Datatype.BYTES, data=data)
-    return InferenceRequest(inputs=[inp]), encoding
+    return InferenceRequest(inputs=[inp]), "base64" if encoding == "base64" else "float"
 
 
 # ---------------------------------------------------------------------- answers

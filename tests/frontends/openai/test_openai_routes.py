@@ -339,3 +339,46 @@ async def test_a_client_that_goes_away_frees_its_slot(server: Server, api: Any) 
     assert scheduler.running == 0
     model: Any = entry.model
     assert model.cache.rows == [] and model.cache.tokens == 0
+
+
+def _scrape(text: str, family: str, model: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(family + "{") and f'model_name="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_vllm_metrics_count_what_the_answers_report(server: Server, api: Any) -> None:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    async with httpx.AsyncClient(timeout=30) as http:
+        before = (await http.get(url)).text
+        answers = await asyncio.gather(
+            *(
+                api.completions.create(model="tiny", prompt=p, max_tokens=6 + i)
+                for i, p in enumerate(sentences(5))
+            )
+        )
+        chat = await api.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = [chunk.usage async for chunk in chat if chunk.usage is not None]
+        after = (await http.get(url)).text
+    prompt = sum(a.usage.prompt_tokens for a in answers) + usage[0].prompt_tokens
+    generated = sum(a.usage.completion_tokens for a in answers) + usage[0].completion_tokens
+    for family, expected in (
+        ("vllm:prompt_tokens_total", prompt),
+        ("vllm:generation_tokens_total", generated),
+    ):
+        assert _scrape(after, family, "tiny") - _scrape(before, family, "tiny") == expected
+    ttft = "vllm:time_to_first_token_seconds_count"
+    assert _scrape(after, ttft, "tiny") - _scrape(before, ttft, "tiny") == 6
+    for family in ("vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count"):
+        assert _scrape(after, family, "tiny") > _scrape(before, family, "tiny")
+    assert 'vllm:num_requests_running{model_name="tiny",model_version=""} 0.0' in after
+    assert 'vllm:num_requests_waiting{model_name="tiny",model_version=""} 0.0' in after
+    assert 'vllm:prompt_tokens_total{model_name="embedder"' not in after  # language models only
