@@ -32,7 +32,9 @@ HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette
 # what an echo model served over REST and gRPC never needs
 NOT_FOR_ECHO = [
     "torch",
+    "transformers",
     "runtime.torch.torch_model",
+    "runtime.huggingface",
     "grpc_reflection.v1alpha.reflection",
     "sse_starlette",
     "tarfile",
