@@ -61,7 +61,9 @@ async def test_generate_and_generate_stream_answer_the_greedy_tokens(
     assert answer["details"]["finish_reason"] in ("length", "eos_token")
     assert answer["details"]["prompt_tokens"] == len(tokenize(tiny_llm, prompt))
     streamed = await http.post("/v2/models/tiny/generate_stream", json=body)
-    events = [orjson.loads(b[len("data: ") :]) for b in streamed.text.split("\r\n\r\n") if b.startswith("data: ")]
+    events = [
+        orjson.loads(b[len("data: ") :]) for b in streamed.text.split("\r\n\r\n") if b.startswith("data: ")
+    ]
     assert "".join(e["text_output"] for e in events) == answer["text_output"]
     assert events[-1]["details"]["finish_reason"] == answer["details"]["finish_reason"]
     # text_output is the generated text only: the prompt is not repeated
@@ -78,7 +80,9 @@ async def test_generate_and_generate_stream_answer_the_greedy_tokens(
 async def test_token_ids_in_and_the_default_max_tokens(http: httpx.AsyncClient, tiny_llm: Path) -> None:
     ids = tokenize(tiny_llm, "red mountain")
     infer = {"inputs": [{"name": "input_ids", "shape": [len(ids)], "datatype": "INT64", "data": ids}]}
-    response = (await http.post("/v2/models/tiny/infer", json={**infer, "parameters": {"temperature": 0}})).json()
+    response = (
+        await http.post("/v2/models/tiny/infer", json={**infer, "parameters": {"temperature": 0}})
+    ).json()
     expected = reference(tiny_llm, ids, 20)  # parameters.extra.max_tokens: 20
     assert response["parameters"]["token_ids"] == expected
     echo = {**infer, "parameters": {"temperature": 0, "max_tokens": 3, "echo": True}}
@@ -127,10 +131,15 @@ async def test_grpc_model_stream_infer_streams_each_prompt(server: Server, http:
     texts: dict[str, str] = {}
     for response in replies:  # MLServer's wire format: the responses themselves, tagged by id
         assert "error" not in response.parameters
-        texts[response.id] = texts.get(response.id, "") + response.outputs[0].contents.bytes_contents[0].decode()
+        texts[response.id] = (
+            texts.get(response.id, "") + response.outputs[0].contents.bytes_contents[0].decode()
+        )
     for request_id, prompt in prompts.items():
         body = {"text_input": prompt, "parameters": {"max_tokens": 10, "temperature": 0}}
-        assert texts[request_id] == (await http.post("/v2/models/tiny/generate", json=body)).json()["text_output"]
+        assert (
+            texts[request_id]
+            == (await http.post("/v2/models/tiny/generate", json=body)).json()["text_output"]
+        )
 
 
 async def test_streams_beyond_the_batch_wait_and_all_finish(server: Server, http: httpx.AsyncClient) -> None:
