@@ -139,8 +139,10 @@ def read_config(settings: ModelSettings) -> HuggingFaceConfig:
         )
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a folder written by save_pretrained: it has no config.json")
-    tokenizer = _resolve(options.pretrained_tokenizer, settings.folder) or path
-    return HuggingFaceConfig(path=path, tokenizer_path=tokenizer, options=options)
+    tokenizer = (
+        _resolve(options.pretrained_tokenizer, settings.folder) if options.pretrained_tokenizer else None
+    )
+    return HuggingFaceConfig(path=path, tokenizer_path=tokenizer or path, options=options)
 
 
 def _resolve(where: str | None, folder: Path | None) -> Path | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,17 @@ def test_mlserver_settings_are_read_unchanged(tmp_path: Path) -> None:
     assert config.path == checkpoint and config.tokenizer_path == checkpoint
     assert config.options.device == "cpu" and config.options.task == "text-generation"
     assert read_config(ModelSettings(name="m", parameters={"uri": str(checkpoint)})).path == checkpoint
+    # from a model-settings.json elsewhere: the tokenizer is beside the weights, unless named
+    (tmp_path / "model").mkdir()
+    source = tmp_path / "model" / "model-settings.json"
+    source.write_text(json.dumps({"name": "m", "parameters": {"extra": extra}}))
+    found = ModelSettings.from_file(source)
+    assert found.folder == tmp_path / "model"
+    assert read_config(found).tokenizer_path == checkpoint
+    source.write_text(
+        json.dumps({"name": "m", "parameters": {"extra": {**extra, "pretrained_tokenizer": "tok"}}})
+    )
+    assert read_config(ModelSettings.from_file(source)).tokenizer_path == tmp_path / "model" / "tok"
     with_gpu = read_config(
         ModelSettings(name="m", parameters={"uri": str(checkpoint), "extra": {"device": 1}})
     )

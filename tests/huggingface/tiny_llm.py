@@ -44,7 +44,13 @@ def build(folder: Path, hidden: int = 64, layers: int = 2, vocabulary: int = 300
         special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    bpe.train_from_iterator(sentences(2000, seed), trainer)
+    corpus = sentences(2000, seed)
+    if vocabulary > 300:  # a larger vocabulary needs more words than WORDS: made-up ones
+        rng = random.Random(seed)
+        syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+        made_up = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+        corpus += [" ".join(rng.choice(made_up) for _ in range(12)) for _ in range(3000)]
+    bpe.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
