@@ -53,6 +53,8 @@ class BatchCache:
         self.config = model.config
         self.device = model.device
         self.rows: list[Sequence] = []
+        self.rebuilds = 0
+        """Times the batch was rebuilt (streams came, sat out or went)."""
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None
         parameters = inspect.signature(model.forward).parameters
@@ -120,6 +122,7 @@ class BatchCache:
             a is b for a, b in zip(sequences, self.rows, strict=True)
         ):
             return
+        self.rebuilds += 1
         wanted = {id(s) for s in sequences}
         old_rows = {id(s): i for i, s in enumerate(self.rows)}
         old: list[Any] = list(self.cache.layers) if self.cache is not None else []
