@@ -382,3 +382,17 @@ async def test_vllm_metrics_count_what_the_answers_report(server: Server, api: A
     assert 'vllm:num_requests_running{model_name="tiny",model_version=""} 0.0' in after
     assert 'vllm:num_requests_waiting{model_name="tiny",model_version=""} 0.0' in after
     assert 'vllm:prompt_tokens_total{model_name="embedder"' not in after  # language models only
+
+
+async def test_streamed_choices_of_several_prompts_interleave_tagged_by_index(api: Any) -> None:
+    ask = {"model": "tiny", "prompt": ["the cat", "a dog runs"], "n": 2, "max_tokens": 10, "seed": 9}
+    whole = await api.completions.create(temperature=0.8, **ask)
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    async for chunk in await api.completions.create(temperature=0.8, stream=True, **ask):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason is not None:
+                reasons[choice.index] = choice.finish_reason
+    assert sorted(texts) == [0, 1, 2, 3] and sorted(reasons) == [0, 1, 2, 3]
+    assert [texts[i] for i in range(4)] == [c.text for c in whole.choices]  # seeded: the same draws
