@@ -266,7 +266,7 @@ class GrpcTarget:
         import grpc
 
         from benchmarks.bare import GRPC_OPTIONS
-        from runtime.grpc.generated import dataplane_pb2_grpc
+        from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
         if self.channel is None:
             self.channel = grpc.aio.insecure_channel(self.address, options=GRPC_OPTIONS)
@@ -444,7 +444,7 @@ class Bench:
             work = f"REST infer echo [1,{args.elements}] FP32, {clients} client{'s' * (clients > 1)}"
             rows.append(Row(key, work, sides[0], ceiling, sides[1] if before else None))
         if "grpc" in self.rows:
-            from runtime.grpc.generated import dataplane_pb2 as pb
+            from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
             bare_grpc = self.bare("grpc")
             request = pb.ModelInferRequest(model_name="echo", id="bench")

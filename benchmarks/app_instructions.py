@@ -57,8 +57,8 @@ def _request(kind: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
 
 async def _drive(requests: int, kind: str, bare: bool) -> None:
     from runtime.repository import read_repository
-    from runtime.rest.asgi import create_app
-    from runtime.server import Server
+    from runtime.server.rest_app import create_app
+    from runtime.server.serving import Server
     from runtime.settings import Settings
 
     folder = tempfile.mkdtemp()

@@ -120,8 +120,8 @@ def torch_app(width: int, hidden: int, threads: int) -> Any:
 async def serve_grpc() -> None:
     import grpc
 
-    from runtime.grpc.generated import dataplane_pb2 as pb
-    from runtime.grpc.generated import dataplane_pb2_grpc
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
     class BareEcho(dataplane_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         async def ModelInfer(self, request: Any, context: object) -> Any:

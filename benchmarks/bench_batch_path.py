@@ -42,7 +42,7 @@ CHECKOUT = Path(os.environ.get("BENCH_CHECKOUT", ROOT)).resolve()
 sys.path.insert(0, str(CHECKOUT))
 
 from runtime.model import MLModel  # noqa: E402
-from runtime.rest.sequence import read_sequence_headers  # noqa: E402
+from runtime.frontends.rest.sequence import read_sequence_headers  # noqa: E402
 from runtime.settings import ModelSettings  # noqa: E402
 from runtime.types import (  # noqa: E402
     Datatype,

@@ -53,10 +53,10 @@ from benchmarks.loadgen import (  # noqa: E402
     median_ratio,
     run_grpc_load,
 )
-from runtime.dataplane import DataPlane  # noqa: E402
-from runtime.observability import Observability  # noqa: E402
-from runtime.registry import Registry  # noqa: E402
-from runtime.rest.asgi import create_app  # noqa: E402
+from runtime.core.dataplane import DataPlane  # noqa: E402
+from runtime.server.observability import Observability  # noqa: E402
+from runtime.core.registry import Registry  # noqa: E402
+from runtime.server.rest_app import create_app  # noqa: E402
 from runtime.settings import ModelSettings, Settings  # noqa: E402
 from runtime.types import InferenceRequest, InferenceResponse  # noqa: E402
 from tests.servers import start_server  # noqa: E402
@@ -139,7 +139,7 @@ async def compare_grpc(servers: dict[str, tuple[str, int]], args: argparse.Names
     server (label: (address, pid)) in alternating rounds."""
     import grpc
 
-    from runtime.grpc.generated import dataplane_pb2_grpc
+    from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
     request = counting.grpc_echo(args.elements)
     channels = {label: grpc.aio.insecure_channel(address) for label, (address, _) in servers.items()}

@@ -10,7 +10,7 @@ channel. Each round measures gRPC alone, REST alone, then both at once; rounds r
 (``--rounds``) and the figures are medians over rounds, the shares medians of each round's ratio,
 so that a machine shared with other work moves alone and together alike. ``--compare`` runs a
 second server with ``transport_fairness`` off in the same rounds (interleaved), to show what
-runtime/fairness.py changes.
+runtime/core/fairness.py changes.
 
 Fair share, as checked here: beside the other, each transport keeps at least half of what its
 share of the clients would give it (throughput together / alone >= 0.5 x its clients / all
@@ -79,8 +79,8 @@ async def _grpc(address: str, args: argparse.Namespace) -> dict[str, Any]:
     import grpc
     import numpy as np
 
-    from runtime.grpc.generated import dataplane_pb2 as pb
-    from runtime.grpc.generated import dataplane_pb2_grpc
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
     request = pb.ModelInferRequest(model_name="echo", id="bench")
     request.inputs.add(name="x", datatype="FP32", shape=[1, args.elements])

@@ -33,8 +33,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.grpc.generated import dataplane_pb2 as pb  # noqa: E402
-from runtime.grpc.generated import dataplane_pb2_grpc  # noqa: E402
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb  # noqa: E402
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc  # noqa: E402
 from tests.servers import RunningServer, start_server  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "sequences" / "lstm"

@@ -206,7 +206,7 @@ async def measure_grpc(address: str, pid: int, triton: bool, streams: int, per_s
     import grpc
     import numpy as np
 
-    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
     response_type = pb.ModelStreamInferResponse if triton else pb.ModelInferResponse
 
@@ -252,7 +252,7 @@ async def serve_bare_grpc() -> None:
     import grpc
     import numpy as np
 
-    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
     async def stream(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         while (request := await context.read()) is not grpc.aio.EOF:

@@ -37,8 +37,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.dataplane import DataPlane  # noqa: E402
-from runtime.registry import Registry  # noqa: E402
+from runtime.core.dataplane import DataPlane  # noqa: E402
+from runtime.core.registry import Registry  # noqa: E402
 from runtime.settings import ModelSettings, Settings  # noqa: E402
 from runtime.torch import TorchModel  # noqa: E402
 from runtime.types import InferenceRequest, MetadataTensor, RequestInput  # noqa: E402

@@ -175,7 +175,7 @@ async def grpc_requests(server: RunningServer, n: int, body: bytes, connections:
     """Exactly ``n`` gRPC ModelInfer echo calls, ``connections`` in flight."""
     import grpc
 
-    from runtime.grpc.generated import dataplane_pb2_grpc
+    from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
     request = grpc_echo(len(orjson.loads(body)["inputs"][0]["data"]))
     left = [n]
@@ -194,7 +194,7 @@ def grpc_echo(elements: int) -> Any:
     """A ModelInfer request for the echo model: one raw FP32 ``[1, elements]`` tensor."""
     import numpy as np
 
-    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
     request = pb.ModelInferRequest(model_name="echo", id="bench")
     request.inputs.add(name="x", datatype="FP32", shape=[1, elements])

@@ -13,15 +13,15 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from runtime.version import __version__
 
 if TYPE_CHECKING:
-    from . import codecs, errors, types
-    from .codecs import decode_args
-    from .continuous import ContinuousModel, StepResult, Stream
-    from .model import MLModel
-    from .sequences import SequenceModel, SequenceStep
-    from .settings import ModelParameters, ModelSettings, Settings
+    from runtime import codecs, errors, types
+    from runtime.codecs import decode_args
+    from runtime.continuous import ContinuousModel, StepResult, Stream
+    from runtime.model import MLModel
+    from runtime.sequences import SequenceModel, SequenceStep
+    from runtime.settings import ModelParameters, ModelSettings, Settings
 
 __all__ = [
     "ContinuousModel",

@@ -10,10 +10,10 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from runtime.version import __version__
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from runtime.settings import Settings
 
 _SKIPPED = {"model_repository_root", "extensions", "logging_settings"}
 
@@ -35,7 +35,7 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any] | None:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    from .settings import Settings
+    from runtime.settings import Settings
 
     for name, field in Settings.model_fields.items():
         if name in _SKIPPED:
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    from .settings import SETTINGS_FILENAME, Settings
+    from runtime.settings import SETTINGS_FILENAME, Settings
 
     folder = Path(args.folder)
     path = Path(args.settings) if args.settings else folder / SETTINGS_FILENAME
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings_from_args(args)
         except ValueError as exc:
             parser.error(str(exc))
-        from .logs import configure_logging
-        from .server import serve
+        from runtime.logs import configure_logging
+        from runtime.server.serving import serve
 
         gc.freeze()
     finally:

@@ -67,11 +67,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import ModelFailed
-from .model import MLModel
-from .sequences.sequence_model import EndReason
-from .tensors import output_array
-from .types import InferenceRequest, InferenceResponse, ResponseOutput
+from runtime.errors import ModelFailed
+from runtime.model import MLModel
+from runtime.sequences.sequence_model import EndReason
+from runtime.tensors import output_array
+from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 StreamEnd = Literal["finished", "failed", "cancelled", "unload"]
 """Why a stream left the running set:

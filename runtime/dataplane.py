@@ -1,6 +1,6 @@
 """The DataPlane: the transport-free core that REST and gRPC both call.
 
-It checks requests (tensors become numpy arrays of their shape, once: ``runtime.request_checks``),
+It checks requests (tensors become numpy arrays of their shape, once: ``runtime.core.request_checks``),
 hands them to the model's scheduler, checks what the model returned, and sorts errors at one
 place: client errors pass through, cancellation re-raises, anything else the model raised becomes
 ``ModelFailed`` with the cause chained.
@@ -14,26 +14,26 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from .errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
-from .fairness import LoopTurns
-from .generate import (
+from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
+from runtime.core.fairness import LoopTurns
+from runtime.core.generate import (
     GenerateRequest,
     GenerateResponse,
     to_generate_response,
     to_inference_request,
     wants_details,
 )
-from .model_config import model_config
-from .observability.observer import Observer
-from .registry import ModelEntry, Registry
-from .repository import RepositoryError, relative_paths, settings_in_repository
-from .request_checks import finish_response, prepare_request
-from .scheduling.queueing import queue_timeout
-from .settings import ModelSettings, Settings
-from .streams.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
-from .streams.pipeline import StreamError, StreamSession, sort_error
-from .streams.stream_counter import StreamCounter
-from .types import (
+from runtime.core.model_config import model_config
+from runtime.core.observer import Observer
+from runtime.core.registry import ModelEntry, Registry
+from runtime.repository import RepositoryError, relative_paths, settings_in_repository
+from runtime.core.request_checks import finish_response, prepare_request
+from runtime.scheduling.queueing import queue_timeout
+from runtime.settings import ModelSettings, Settings
+from runtime.core.client_streams import EACH_IN_FLIGHT, Reply, Routed, each, in_sessions
+from runtime.streams.pipeline import StreamError, StreamSession, sort_error
+from runtime.streams.stream_counter import StreamCounter
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     MetadataModelResponse,
@@ -62,9 +62,9 @@ class DataPlane:
         self.streams = StreamCounter()
         """Streams being served now (every transport, every model)."""
         self.turns = LoopTurns(settings.transport_fairness)
-        """REST and gRPC's fair turns in the one event loop (see runtime.fairness)."""
+        """REST and gRPC's fair turns in the one event loop (see runtime.core.fairness)."""
         self.observer: Observer | None = None
-        """Metrics and traces of requests and streams (None: both off); see runtime.observability."""
+        """Metrics and traces of requests and streams (None: both off); see runtime.server.observability."""
         self.expected: set[tuple[str, str | None]] = set()
         """The models (name, version) asked for at startup, which strict readiness waits for."""
         self.unreadable: set[str] = set()
@@ -290,7 +290,7 @@ class DataPlane:
         """Serve a client stream whose requests each name their model, MLServer's way.
 
         Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
-        and the stream goes on. See ``runtime.streams.client_streams`` (gRPC ModelStreamInfer, default format).
+        and the stream goes on. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, default format).
         """
         return in_sessions(self, items)
 
@@ -300,7 +300,7 @@ class DataPlane:
         """Serve a client stream whose requests each name their model, Triton's way.
 
         Every request is a stream of its own, at most ``limit`` at a time; each ends with one
-        ``last`` reply. See ``runtime.streams.client_streams`` (gRPC ModelStreamInfer, Triton format).
+        ``last`` reply. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, Triton format).
         """
         return each(self, items, limit)
 

@@ -1,7 +1,7 @@
 """What can go wrong while serving, as a small tree of meanings.
 
 The core raises these; it never speaks of HTTP or gRPC codes. Each transport maps the tree to
-its own codes through one table (``runtime/rest/status.py``, ``runtime/grpc/status_codes.py``)::
+its own codes through one table (``runtime/frontends/rest/status.py``, ``runtime/frontends/grpc/status_codes.py``)::
 
     ServerError
     ├── InvalidInput          the request is malformed or does not fit the model    400 / INVALID_ARGUMENT
@@ -25,7 +25,7 @@ Messages quote client-given names through ``shown``, cut to ``NAME_SHOWN`` chara
 absurd name cannot make an error too big to send (gRPC's status message travels in metadata).
 
 A model may raise ``InvalidInput`` itself to tell the client that its request was at fault.
-Anything else a model raises becomes ``ModelFailed`` at one place (``runtime.dataplane``).
+Anything else a model raises becomes ``ModelFailed`` at one place (``runtime.core.dataplane``).
 """
 
 from __future__ import annotations

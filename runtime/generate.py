@@ -21,9 +21,9 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import InvalidInput, ModelFailed
-from .settings import ModelSettings
-from .types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.settings import ModelSettings
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
 
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from random import getrandbits
 
-from .types import InferenceRequest, set_field
+from runtime.types import InferenceRequest, set_field
 
 _VERSION_4 = (0xFFFFFFFF_FFFF_0FFF_3FFF_FFFFFFFFFFFF, 0x00000000_0000_4000_8000_000000000000)
 

@@ -8,7 +8,7 @@ import logging
 import logging.config
 from pathlib import Path
 
-from .settings import Settings
+from runtime.settings import Settings
 
 FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 
@@ -23,7 +23,7 @@ def configure_logging(settings: Settings) -> None:
         return
     handler = logging.StreamHandler()
     if settings.use_structured_logging:
-        from .observability.logging import JsonFormatter
+        from runtime.telemetry.logging import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
     else:

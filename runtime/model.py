@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .codecs import InputCodec, RequestCodec, find_input_codec, find_request_codec
-from .errors import InvalidInput
-from .settings import ModelSettings
-from .types import (
+from runtime.codecs import InputCodec, RequestCodec, find_input_codec, find_request_codec
+from runtime.errors import InvalidInput
+from runtime.settings import ModelSettings
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     MetadataModelResponse,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .settings import ModelSettings
-from .types import MetadataTensor
+from runtime.settings import ModelSettings
+from runtime.types import MetadataTensor
 
 
 def _tensor(tensor: MetadataTensor, batched: bool) -> dict[str, Any]:

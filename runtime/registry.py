@@ -16,15 +16,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
-from .model import MLModel
-from .repository import import_model_class, relative_paths
-from .scheduling import Scheduler, make_scheduler
-from .settings import ModelSettings
-from .types import RepositoryIndexResponseItem, State
+from runtime.errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
+from runtime.model import MLModel
+from runtime.repository import import_model_class, relative_paths
+from runtime.scheduling import Scheduler, make_scheduler
+from runtime.settings import ModelSettings
+from runtime.types import RepositoryIndexResponseItem, State
 
 if TYPE_CHECKING:
-    from .scheduling.worker_executor import WorkerExecutor
+    from runtime.scheduling.worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class Registry:
     async def _start_in_workers(self, entry: ModelEntry, model: MLModel, workers: int) -> None:
         """Each of ``workers`` processes loads its own copy of the model; the instance here is not
         loaded: it only tells the scheduler what kind of model it is."""
-        from .scheduling.worker_executor import WorkerExecutor
+        from runtime.scheduling.worker_executor import WorkerExecutor
 
         executor = WorkerExecutor(entry.settings, workers, grace=self.grace)
         await executor.start()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .settings import MODEL_ENV_PREFIX, MODEL_SETTINGS_FILENAME, ModelSettings
+from runtime.settings import MODEL_ENV_PREFIX, MODEL_SETTINGS_FILENAME, ModelSettings
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def read_repository(root: str | os.PathLike[str]) -> tuple[list[ModelSettings], 
     (:mod:`runtime.torchserve.archive`). With no model-settings.json and no archive at all, a
     single model described by ``MLSERVER_MODEL_*`` environment variables is served, as MLServer does.
     """
-    from .torchserve.archive import archive_settings, find_archives
+    from runtime.torchserve.archive import archive_settings, find_archives
 
     found: list[ModelSettings] = []
     broken: list[tuple[Path, str]] = []

@@ -9,11 +9,11 @@ The DataPlane runs them for unary requests and each stream's requests.
 
 from __future__ import annotations
 
-from .errors import InvalidInput, ModelFailed
-from .ids import assign_id
-from .registry import ModelEntry
-from .tensors import dtype_of, element_count, input_array, output_array
-from .types import (
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.ids import assign_id
+from runtime.core.registry import ModelEntry
+from runtime.tensors import dtype_of, element_count, input_array, output_array
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     MetadataTensor,

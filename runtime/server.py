@@ -21,21 +21,21 @@ from typing import Any
 
 import uvicorn
 
-from .dataplane import DataPlane
-from .grpc import GrpcServer
-from .management import Management, ManagementKey, create_management_app
-from .model import MLModel
-from .observability import Observability
-from .registry import Registry
-from .repository import read_repository
-from .rest import create_app
-from .rest.protocol import guarded_protocol
-from .scheduling import collector
-from .settings import ModelSettings, Settings
-from .torchserve.inference_grpc import torchserve_services
-from .watchdog import LoopWatchdog
+from runtime.core.dataplane import DataPlane
+from runtime.frontends.grpc import GrpcServer
+from runtime.frontends.management import Management, ManagementKey, create_management_app
+from runtime.model import MLModel
+from runtime.server.observability import Observability
+from runtime.core.registry import Registry
+from runtime.repository import read_repository
+from runtime.frontends.rest import create_app
+from runtime.frontends.rest.protocol import guarded_protocol
+from runtime.scheduling import collector
+from runtime.settings import ModelSettings, Settings
+from runtime.frontends.torchserve.inference_grpc import torchserve_services
+from runtime.core.watchdog import LoopWatchdog
 
-logger = logging.getLogger("runtime.server")
+logger = logging.getLogger("runtime.server.serving")
 
 CUT_MARGIN = 1.0
 DRAIN_POLL = 0.05
@@ -49,7 +49,7 @@ their callers get a 503 / UNAVAILABLE answer rather than a dropped call."""
 def fewer_collections() -> Iterator[None]:
     """While the models load at start-up, the cyclic collector's first threshold is at least
     ``collector.YOUNG`` (10 000 net allocations instead of 700), through the same hold that a
-    running batcher takes (``runtime.scheduling.collector``), so that a batcher loaded meanwhile
+    running batcher takes (``runtime.scheduling.gc_threshold``), so that a batcher loaded meanwhile
     keeps its own. Loading imports frameworks whose hundreds of thousands of long-lived objects
     each young, middle and full collection walked again: with the torch examples some 690 young,
     63 middle and 5 full collections, 0.8 to 1.1 s of a 4 to 5 s start (loaded machine), against
@@ -167,7 +167,7 @@ class Server:
             app,
             lifespan="off",
             log_config=None,
-            access_log=False,  # the access log is the server's own (runtime.observability)
+            access_log=False,  # the access log is the server's own (runtime.server.observability)
             root_path=self.settings.root_path,
             timeout_graceful_shutdown=self.settings.shutdown_grace_period + CUT_MARGIN,  # type: ignore[arg-type]
             http=guarded_protocol(self.settings.http_header_timeout, self.settings.http_max_header_size),

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .field_docs import documented
-from .types import MetadataTensor
-from .version import __version__
+from runtime.field_docs import documented
+from runtime.types import MetadataTensor
+from runtime.version import __version__
 
 SETTINGS_FILENAME = "settings.json"
 MODEL_SETTINGS_FILENAME = "model-settings.json"
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
     served, REST ``infer`` requests start one per loop iteration, so that gRPC (which accepts one
     call at a time) is not starved by many REST connections. REST alone is not slowed. See
-    runtime/fairness.py and the README's "REST and gRPC together"."""
+    runtime/core/fairness.py and the README's "REST and gRPC together"."""
 
     grpc_max_message_length: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .errors import InvalidInput, ModelFailed
-from .types import Datatype, RequestInput, ResponseOutput
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.types import Datatype, RequestInput, ResponseOutput
 
 _DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
 
-from .model import MLModel
+from runtime.model import MLModel
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The worker process: one copy of one model, serving what its server sends over a socket.
 
-Started by the server as ``python -m runtime.worker_process FD`` with one end of a socket pair as file
+Started by the server as ``python -m runtime.server.worker FD`` with one end of a socket pair as file
 descriptor FD. It loads the model from the settings it is sent, answers ``ready`` (or ``failed``
 and exits 1), then serves calls, streams and sequence steps, each as a task of its own, so that a
 stream or a slow call never holds up the others, and cancellation reaches the model's code.
@@ -28,17 +28,17 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from .model import MLModel
-from .repository import import_model_class
-from .scheduling import make_scheduler
-from .scheduling.continuous_batching import ContinuousScheduler
-from .scheduling.executor import InProcessExecutor
-from .scheduling.scheduler import RequestFailed, Scheduler
-from .sequences.sequence_model import SequenceModel, SequenceStep
-from .settings import ModelSettings
-from .types import InferenceRequest, InferenceResponse
-from .workers.connection import Connection
-from .workers.messages import ACK_EVERY, Credit, Inbox, portable
+from runtime.model import MLModel
+from runtime.repository import import_model_class
+from runtime.scheduling import make_scheduler
+from runtime.scheduling.continuous_batching import ContinuousScheduler
+from runtime.scheduling.executor import InProcessExecutor
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.sequences.sequence_model import SequenceModel, SequenceStep
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.workers.connection import Connection
+from runtime.workers.messages import ACK_EVERY, Credit, Inbox, portable
 
 logger = logging.getLogger(__name__)
 

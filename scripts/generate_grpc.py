@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Generate the Python stubs in runtime/grpc/generated/ from proto/*.proto.
+"""Generate the Python stubs in runtime/frontends/grpc/generated/ from proto/*.proto.
 
-    python3 scripts/generate_grpc.py            # rewrite runtime/grpc/generated/
+    python3 scripts/generate_grpc.py            # rewrite runtime/frontends/grpc/generated/
     python3 scripts/generate_grpc.py --out DIR  # write them elsewhere (the drift test does)
 
 Needs grpcio-tools at the exact version pinned in pyproject.toml's test extra, so that the output
 is the same on every machine. protoc's output is then edited in two fixed ways:
 
 - the gRPC module imports its messages relatively (``from . import dataplane_pb2``), since the
-  stubs live in the package ``runtime.grpc.generated``;
+  stubs live in the package ``runtime.frontends.grpc.generated``;
 - the messages are built in a descriptor pool of their own rather than protobuf's process-wide
   default pool. Triton's and MLServer's stubs declare the same ``inference.*`` messages, and the
   default pool refuses a second definition of a name: with a pool of its own, this server's stubs

@@ -9,13 +9,13 @@ from typing import Any
 
 import httpx
 
-from runtime.dataplane import DataPlane
+from runtime.core.dataplane import DataPlane
 from runtime.scheduling import AdaptiveScheduler
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
 
-from .conftest import InProcess
-from .models.adaptive.model import RowModel
+from tests.conftest import InProcess
+from tests.models.adaptive.model import RowModel
 
 NAME = "rows"
 

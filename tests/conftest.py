@@ -6,12 +6,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.dataplane import DataPlane
-from runtime.registry import Registry
-from runtime.rest import create_app
+from runtime.core.dataplane import DataPlane
+from runtime.core.registry import Registry
+from runtime.frontends.rest import create_app
 from runtime.settings import ModelSettings, Settings
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
@@ -86,7 +86,7 @@ def textgen_server() -> Iterator[RunningServer]:
 
 
 # session fixtures of the gRPC tests (a server on a copy of tests/models/grpc)
-from .grpc_support import grpc_models, grpc_server  # noqa: E402
+from tests.grpc_support import grpc_models, grpc_server  # noqa: E402
 
 __all__ = ["grpc_models", "grpc_server"]
 
@@ -97,6 +97,6 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (``tests/huggingface/tiny_llm.py``); skips where the llm extra is not installed."""
     pytest.importorskip("transformers", reason="the Hugging Face runtime needs the llm extra (transformers)")
     pytest.importorskip("tokenizers", reason="the Hugging Face runtime needs the llm extra (tokenizers)")
-    from .huggingface.tiny_llm import build
+    from tests.huggingface.tiny_llm import build
 
     return build(tmp_path_factory.mktemp("tiny-llm"))

@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from runtime.dataplane import DataPlane
+from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
 from runtime.scheduling import ContinuousScheduler
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
-from .conftest import InProcess
-from .continuous_models import Ticker
+from tests.conftest import InProcess
+from tests.continuous_models import Ticker
 
 
 def ticker_settings(max_batch_size: int = 4, **fields: Any) -> ModelSettings:

@@ -11,10 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 GRPC_MODELS = Path(__file__).resolve().parent / "models" / "grpc"
 MAX_MESSAGE = 1 << 20

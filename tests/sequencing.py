@@ -12,8 +12,8 @@ import httpx
 from runtime.scheduling.sequence_batching import SequenceScheduler
 from runtime.settings import ModelSettings
 
-from .conftest import InProcess
-from .models.seqzoo import Recorder
+from tests.conftest import InProcess
+from tests.models.seqzoo import Recorder
 
 
 async def serve(server: InProcess, name: str = "seq", cls: type = Recorder, **settings: Any) -> Recorder:

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent

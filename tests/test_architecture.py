@@ -18,7 +18,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "runtime"
-GENERATED = "runtime.grpc.generated"
+GENERATED = "runtime.frontends.grpc.generated"
 
 
 def _import_graph() -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""REST and gRPC take fair turns in the one event loop (runtime/fairness.py).
+"""REST and gRPC take fair turns in the one event loop (runtime/core/fairness.py).
 
 While gRPC inference calls are being served, REST inference requests start at most one per loop
 iteration, in order of arrival; with gRPC quiet (or the setting off) nothing waits. The figures
@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from runtime import fairness
-from runtime.fairness import LoopTurns
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.core.fairness import LoopTurns
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.settings import ModelSettings
 
-from .grpc.test_stream_rpc import COUNTER, stream_call
-from .grpc_support import raw_request
-from .models import zoo
-from .servers import serving
+from tests.frontends.grpc.test_stream_rpc import COUNTER, stream_call
+from tests.grpc_support import raw_request
+from tests.models import zoo
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

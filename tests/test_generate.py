@@ -2,7 +2,7 @@
 the model's work, and TorchServe's sequence headers open, continue and end a sequence.
 
 ``/generate`` is served as ``/infer`` and ``/generate_stream`` as ``/infer_stream`` (one path in
-``runtime.rest.sse_routes``); these tests pin what that path gives them.
+``runtime.frontends.rest.sse_routes``); these tests pin what that path gives them.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from httpx_sse import aconnect_sse
 
 from runtime import MLModel, SequenceModel, SequenceStep
 from runtime.codecs import StringCodec
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
 
-from .servers import serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -1,10 +1,10 @@
-"""Triton's model configuration derived from a model's settings (``runtime.model_config``)."""
+"""Triton's model configuration derived from a model's settings (``runtime.core.model_config``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.model_config import model_config
+from runtime.core.model_config import model_config
 from runtime.settings import ModelSettings
 from runtime.types import Datatype, MetadataTensor, Parameters
 

@@ -12,12 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.model import MLModel
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 
 class Names(MLModel):

@@ -10,7 +10,7 @@ import runtime
 from runtime import codecs, types
 from runtime.settings import ModelSettings, Settings, json_schemas
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_top_level_api_is_pinned() -> None:
@@ -83,7 +83,7 @@ def test_every_settings_field_is_documented() -> None:
 
 
 def test_importing_runtime_does_not_import_torch() -> None:
-    code = "import sys, runtime, runtime.server, runtime.dataplane; print('torch' in sys.modules)"
+    code = "import sys, runtime, runtime.server.serving, runtime.core.dataplane; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -103,7 +103,7 @@ def test_the_server_imports_what_only_some_models_or_calls_need_on_first_use() -
         "google.rpc.error_details_pb2",
     ]
     code = (
-        "import sys, runtime.cli, runtime.server, runtime.logs\n"
+        "import sys, runtime.cli, runtime.server.serving, runtime.logs\n"
         f"print([name for name in {lazy!r} if name in sys.modules])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

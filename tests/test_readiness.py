@@ -14,11 +14,11 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from .conftest import TEST_MODELS
-from .servers import RunningServer, launch_server, start_server, start_servers
+from tests.conftest import TEST_MODELS
+from tests.servers import RunningServer, launch_server, start_server, start_servers
 
 REPO = TEST_MODELS / "repo"
 

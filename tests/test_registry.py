@@ -9,7 +9,7 @@ import pytest
 from runtime import MLModel, ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
 
-from .conftest import InProcess
+from tests.conftest import InProcess
 
 pytestmark = pytest.mark.anyio
 

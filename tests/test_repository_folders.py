@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 GOOD = """
 from runtime.model import MLModel
@@ -141,9 +141,9 @@ def test_error_bodies_name_files_relative_to_the_repository(server: RunningServe
 def test_a_model_failing_at_inference_names_files_relative_to_the_repository(
     server: RunningServer, repository: Path
 ) -> None:
-    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
-    from .grpc_support import inference_stub
+    from tests.grpc_support import inference_stub
 
     answer = _infer(server, "lookup")
     assert answer.status_code == 500 and "lookup/table.bin" in answer.json()["error"]

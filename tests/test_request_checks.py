@@ -1,4 +1,4 @@
-"""The checks every request and response go through (``runtime.request_checks``)."""
+"""The checks every request and response go through (``runtime.core.request_checks``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed
-from runtime.registry import ModelEntry
-from runtime.request_checks import finish_response, prepare_request, raw_request
+from runtime.core.registry import ModelEntry
+from runtime.core.request_checks import finish_response, prepare_request, raw_request
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import (
     Datatype,

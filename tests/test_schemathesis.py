@@ -21,7 +21,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import response_schema_conformance
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 TEST_MODELS = Path(__file__).resolve().parent / "models"

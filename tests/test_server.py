@@ -16,8 +16,8 @@ import pytest
 from runtime.settings import Settings
 from runtime.version import __version__
 
-from .conftest import TEST_MODELS
-from .servers import RunningServer, start_server
+from tests.conftest import TEST_MODELS
+from tests.servers import RunningServer, start_server
 
 REPO = TEST_MODELS / "repo"
 

@@ -1,6 +1,6 @@
 import httpx
 
-from .servers import RunningServer
+from tests.servers import RunningServer
 
 
 def test_example_server_is_ready(example_server: RunningServer) -> None:

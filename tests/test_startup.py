@@ -20,10 +20,10 @@ from pydantic import ValidationError
 import runtime
 from runtime.cli import main
 from runtime.scheduling import collector
-from runtime.server import Server, fewer_collections
+from runtime.server.serving import Server, fewer_collections
 from runtime.settings import ModelSettings, Settings
 
-from .conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT
 
 LOADING_GC_THRESHOLD = collector.YOUNG
 
@@ -51,7 +51,7 @@ ECHO_SERVER = textwrap.dedent(
     """
     import asyncio, json, sys
 
-    from runtime.server import Server
+    from runtime.server.serving import Server
     from runtime.settings import Settings
     from runtime.types import InferenceRequest, RequestInput
 
@@ -130,8 +130,8 @@ LATER_MODELS = [
     "runtime.types.InferenceErrorResponse",
     "runtime.types.RepositoryIndexRequest",
     "runtime.types.RepositoryIndexResponseItem",
-    "runtime.generate.GenerateParameters",
-    "runtime.generate.GenerateRequest",
+    "runtime.core.generate.GenerateParameters",
+    "runtime.core.generate.GenerateRequest",
 ]
 
 
@@ -147,7 +147,7 @@ def test_models_that_start_up_and_infer_do_not_use_are_built_by_their_first_use(
     built, echoed = json.loads(_python(code, str(EXAMPLES / "echo"), json.dumps(LATER_MODELS)))
     assert built == []  # neither the start nor an infer request built them
     assert echoed == [[1.0, 2.0]]
-    from runtime.generate import GenerateRequest
+    from runtime.core.generate import GenerateRequest
     from runtime.types import MetadataServerResponse, RepositoryIndexRequest
 
     assert RepositoryIndexRequest.model_validate_json(b'{"ready": true}').ready is True

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed
-from runtime.rest.codec import JSON_OPTIONS
+from runtime.frontends.rest.codec import JSON_OPTIONS
 from runtime.tensors import bf16_to_float32, input_array, output_array, to_json_data, to_raw
 from runtime.types import RequestInput, ResponseOutput
 

@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from .servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 MODELS = {
     "echo": {"implementation": "tests.models.zoo.Echo"},
@@ -144,7 +144,7 @@ def test_malformed_json_is_still_refused(client: httpx.Client) -> None:
 
 def test_every_json_reader_takes_the_non_finite_tokens() -> None:
     from runtime.errors import InvalidInput
-    from runtime.rest.codec import parse_json
+    from runtime.frontends.rest.codec import parse_json
 
     parsed = parse_json(b'{"data": [NaN, Infinity, -Infinity, 1]}')
     assert math.isnan(parsed["data"][0]) and parsed["data"][1:] == [math.inf, -math.inf, 1]

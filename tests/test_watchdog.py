@@ -1,4 +1,4 @@
-"""The watchdog that names the model blocking the event loop (``runtime.watchdog``), in process;
+"""The watchdog that names the model blocking the event loop (``runtime.core.watchdog``), in process;
 ``tests/scheduling/test_direct.py`` sees its warning from a real server."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from runtime.model import MLModel
 from runtime.settings import ModelSettings
-from runtime.watchdog import LoopWatchdog, culprit
+from runtime.core.watchdog import LoopWatchdog, culprit
 
 pytestmark = pytest.mark.anyio
 
@@ -63,9 +63,9 @@ async def test_a_stall_is_reported_once(caplog: pytest.LogCaptureFixture) -> Non
     watchdog = LoopWatchdog(0.05, lambda: [])
     watchdog.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="runtime.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="runtime.core.watchdog"):
             time.sleep(0.6)  # noqa: ASYNC251 - the stall under test: the loop cannot tick
     finally:
         watchdog.stop()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.watchdog"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "runtime.core.watchdog"]
     assert len(warnings) == 1 and warnings[0].startswith("The event loop has been blocked for")

@@ -1,10 +1,10 @@
 """Codecs: tensors and requests to Python values and back (MLServer's codec API)."""
 
-from .decorator import decode_args
-from .interfaces import InputCodec, RequestCodec
-from .lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
-from .numpy import NumpyCodec, NumpyRequestCodec
-from .string import Base64Codec, StringCodec, StringRequestCodec
+from runtime.codecs.decorator import decode_args
+from runtime.codecs.interfaces import InputCodec, RequestCodec
+from runtime.codecs.lookup import INPUT_CODECS, REQUEST_CODECS, find_input_codec, find_request_codec
+from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
+from runtime.codecs.string import Base64Codec, StringCodec, StringRequestCodec
 
 __all__ = [
     "INPUT_CODECS",

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from ..types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
+from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
 
 Tensor = TypeVar("Tensor", RequestInput, ResponseOutput)
 

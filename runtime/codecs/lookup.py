@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from .interfaces import InputCodec, RequestCodec
-from .numpy import NumpyCodec, NumpyRequestCodec
-from .string import Base64Codec, StringCodec, StringRequestCodec
+from runtime.codecs.interfaces import InputCodec, RequestCodec
+from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
+from runtime.codecs.string import Base64Codec, StringCodec, StringRequestCodec
 
 INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec)
 REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)

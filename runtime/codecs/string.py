@@ -8,16 +8,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInput
-from ..tensors import input_array, output_array
-from ..types import (
+from runtime.errors import InvalidInput
+from runtime.tensors import input_array, output_array
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     Parameters,
     RequestInput,
     ResponseOutput,
 )
-from .interfaces import InputCodec, RequestCodec, make_tensor
+from runtime.codecs.interfaces import InputCodec, RequestCodec, make_tensor
 
 
 def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:

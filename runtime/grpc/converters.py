@@ -21,9 +21,9 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from ..errors import InvalidInput, ModelFailed
-from ..tensors import to_raw
-from ..types import (
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.tensors import to_raw
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,
@@ -37,7 +37,7 @@ from ..types import (
     UInt64,
     built,
 )
-from .generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
 _DATATYPES: dict[str, Datatype] = {d.value: d for d in Datatype}
 

@@ -18,12 +18,12 @@ import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ..dataplane import DataPlane
-from ..settings import Settings
-from .generated import dataplane_pb2 as pb
-from .health import SERVICE_NAME, HealthServicer
-from .servicer import InferenceServicer, serialized
-from .stream_rpc import stream_handler
+from runtime.core.dataplane import DataPlane
+from runtime.settings import Settings
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.health import SERVICE_NAME, HealthServicer
+from runtime.frontends.grpc.servicer import InferenceServicer, serialized
+from runtime.frontends.grpc.stream_rpc import stream_handler
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from grpc_health.v1 import health, health_pb2
 
-from ..dataplane import DataPlane
+from runtime.core.dataplane import DataPlane
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 SERVING = health_pb2.HealthCheckResponse.SERVING

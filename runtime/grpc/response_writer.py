@@ -3,7 +3,7 @@
 gRPC's ModelInfer answers most calls with a response that has no parameters and whose outputs
 all go in raw_output_contents (or all FP32 / FP64 in typed contents). For those,
 :func:`response_bytes` writes the bytes protobuf would (``response_to_proto(...)
-.SerializeToString()`` in ``runtime.grpc.converters``) without building the message; any other
+.SerializeToString()`` in ``runtime.frontends.grpc.converters``) without building the message; any other
 case, and any value protobuf would refuse or convert, is left to protobuf (None). The tests check
 the two byte for byte.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..types import Datatype, InferenceResponse
-from .converters import NO_DTYPE, RAW_DTYPES, raw_bytes
+from runtime.types import Datatype, InferenceResponse
+from runtime.frontends.grpc.converters import NO_DTYPE, RAW_DTYPES, raw_bytes
 
 _INT64_END = 2**63
 _F32, _F64 = np.dtype("<f4"), np.dtype("<f8")

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..dataplane import DataPlane
-from ..errors import InvalidInput, ServerError
-from ..sequences.identity import apply_headers, response_headers
-from .converters import (
+from runtime.core.dataplane import DataPlane
+from runtime.errors import InvalidInput, ServerError
+from runtime.sequences.identity import apply_headers, response_headers
+from runtime.frontends.grpc.converters import (
     headers_of,
     model_metadata_to_proto,
     repository_index_to_proto,
@@ -24,9 +24,9 @@ from .converters import (
     response_to_proto,
     server_metadata_to_proto,
 )
-from .generated import dataplane_pb2 as pb
-from .response_writer import response_bytes
-from .status_codes import code_of, status_message, trailers_of
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.response_writer import response_bytes
+from runtime.frontends.grpc.status_codes import code_of, status_message, trailers_of
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import grpc
 
-from .. import errors
+from runtime import errors
 
 # most specific first: the first class an error is an instance of decides
 STATUS: tuple[tuple[type[errors.ServerError], grpc.StatusCode], ...] = (

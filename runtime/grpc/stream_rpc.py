@@ -1,6 +1,6 @@
 """ModelStreamInfer: many requests and responses on one bidirectional stream, in two wire formats.
 
-The core serves the stream (``runtime.streams.client_streams``); this module only translates. It reads each
+The core serves the stream (``runtime.core.client_streams``); this module only translates. It reads each
 message into a ``Routed`` item and writes each ``Reply``: responses in the form of the request
 they answer (raw when it was raw), errors in band with the failed request's id. What the stream
 guarantees (one model stream per run of requests for one model, or one per request; errors in
@@ -35,15 +35,15 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
-from ..dataplane import DataPlane
-from ..errors import ServerError
-from ..fairness import LoopTurns
-from ..streams.client_streams import Reply, Routed
-from ..streams.stream_counter import cut_error
-from ..types import InferenceResponse
-from .converters import request_from_proto, response_to_proto
-from .generated import dataplane_pb2 as pb
-from .status_codes import code_of, trailers_of
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.core.fairness import LoopTurns
+from runtime.core.client_streams import Reply, Routed
+from runtime.streams.stream_counter import cut_error
+from runtime.types import InferenceResponse
+from runtime.frontends.grpc.converters import request_from_proto, response_to_proto
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.status_codes import code_of, trailers_of
 
 logger = logging.getLogger(__name__)
 

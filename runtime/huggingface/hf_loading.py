@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from .hf_settings import HuggingFaceConfig
+from runtime.huggingface.hf_settings import HuggingFaceConfig
 
 
 @dataclass

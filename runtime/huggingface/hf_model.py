@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from ..errors import InvalidInput
-from ..observability.tokens import TokenStats
-from ..settings import ModelSettings
-from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, ResponseOutput
-from .hf_settings import DEFAULT_STREAMS, HuggingFaceConfig, read_config
-from .options import GenerationOptions, read_options
-from .text import TextStream
+from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
+from runtime.errors import InvalidInput
+from runtime.server.observability.tokens import TokenStats
+from runtime.settings import ModelSettings
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, ResponseOutput
+from runtime.huggingface.hf_settings import DEFAULT_STREAMS, HuggingFaceConfig, read_config
+from runtime.huggingface.options import GenerationOptions, read_options
+from runtime.huggingface.text import TextStream
 
 CONTEXT_TOKENS = 6
 """Prompt tokens a stream's text decoder starts from, so that its first word reads as it will."""
@@ -134,7 +134,7 @@ class HuggingFaceModel(ContinuousModel):
     async def load(self) -> bool:
         import torch
 
-        from .hf_loading import load
+        from runtime.huggingface.hf_loading import load
 
         options = self.config.options
         threads = options.intra_op_threads or 1
@@ -156,7 +156,7 @@ class HuggingFaceModel(ContinuousModel):
             getattr(model_config, "max_position_embeddings", 0) or self.tokenizer.model_max_length
         )
         if self.task == "text-generation":
-            from .kv_cache import BatchCache
+            from runtime.huggingface.kv_cache import BatchCache
 
             self.cache = BatchCache(loaded.model)
             self.eos = _eos_ids(loaded.model, self.tokenizer)
@@ -185,7 +185,7 @@ class HuggingFaceModel(ContinuousModel):
     def _generation(self, options: GenerationOptions, prompt: list[int], prompt_text: str) -> Generation:
         import torch
 
-        from .kv_cache import Sequence
+        from runtime.huggingface.kv_cache import Sequence
 
         length, context = len(prompt), self.context_length
         max_tokens = options.max_tokens
@@ -284,7 +284,7 @@ class HuggingFaceModel(ContinuousModel):
         runs on the model's thread."""
         import torch
 
-        from .sampling import choose
+        from runtime.huggingface.sampling import choose
 
         with torch.inference_mode():
             rows: list[Any] = [None] * len(generations)

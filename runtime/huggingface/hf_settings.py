@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..field_docs import documented
-from ..settings import ModelSettings
+from runtime.field_docs import documented
+from runtime.settings import ModelSettings
 
 Task = Literal["text-generation", "feature-extraction"]
 """What the model does: generate text (served with continuous batching) or embed it."""

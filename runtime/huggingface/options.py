@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidInput
+from runtime.errors import InvalidInput
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .options import GenerationOptions
+from runtime.huggingface.options import GenerationOptions
 
 
 @dataclass(slots=True)

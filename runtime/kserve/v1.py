@@ -38,16 +38,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..dataplane import DataPlane
-from ..errors import InvalidInput, ModelNotFound, ServerError
-from ..frontends.openai.openai_bodies import model_card, models_list
-from ..rest.app import read_body
-from ..rest.disconnect import cancel_on_disconnect
-from ..rest.status import headers_of, status_of
-from ..tensors import output_array
-from ..torchserve.frontend import FrontEnd, is_handler
-from ..torchserve.payload import read_answers
-from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
+from runtime.core.dataplane import DataPlane
+from runtime.errors import InvalidInput, ModelNotFound, ServerError
+from runtime.frontends.openai.openai_bodies import model_card, models_list
+from runtime.frontends.rest.app import read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.status import headers_of, status_of
+from runtime.tensors import output_array
+from runtime.frontends.torchserve.frontend import FrontEnd, is_handler
+from runtime.torchserve.payload import read_answers
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
 _BATCHES = uuid.uuid4()
 """Batch ids are uuids derived from this process's token, the model and the scheduler's batch number."""

@@ -4,8 +4,8 @@
 end in TorchServe's shape, on its own port; ``auth`` the key that guards it.
 """
 
-from .api import create_management_app
-from .auth import ManagementKey
-from .operations import Management
+from runtime.frontends.management.api import create_management_app
+from runtime.core.management_key import ManagementKey
+from runtime.core.management import Management
 
 __all__ = ["Management", "ManagementKey", "create_management_app"]

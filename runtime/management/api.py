@@ -11,7 +11,7 @@ Routes (``name`` a model, ``version`` one of its versions)::
 
 It only translates: query strings and JSON bodies to :class:`~.operations.Management` calls, core
 errors to TorchServe's ``{"code", "type", "message"}`` through the TorchServe front ends' one table
-(``runtime.torchserve.error_body``). Every request needs
+(``runtime.frontends.torchserve.error_body``). Every request needs
 ``Authorization: Bearer <key>`` unless token authorization is off.
 """
 
@@ -29,10 +29,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import errors
-from ..torchserve.error_body import describe
-from .auth import ManagementKey
-from .operations import Management, default_set, scaled, unregistered
+from runtime import errors
+from runtime.frontends.torchserve.error_body import describe
+from runtime.core.management_key import ManagementKey
+from runtime.core.management import Management, default_set, scaled, unregistered
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Management operations, transport-free: list, describe, register, scale, set-default, unregister.
 
 Both management front ends, TorchServe's REST shape (``api.py``) and TorchServe's gRPC management
-service (``runtime.torchserve.management_grpc``), translate their calls to these and their errors
+service (``runtime.frontends.torchserve.management_grpc``), translate their calls to these and their errors
 (the tree in ``runtime.errors``) through TorchServe's one error table. Registration reads a model
 from a local folder (its model-settings.json) or an archive of one (.tar.gz, .tgz, .tar, .zip), or
 from a TorchServe archive (a ``.mar``, its unpacked folder, or the archiver's tgz) as the model
@@ -21,14 +21,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
-from ..registry import ModelEntry, Registry
-from ..repository import find_model_settings
-from ..settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings
-from ..types import State
+from runtime.errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
+from runtime.core.registry import ModelEntry, Registry
+from runtime.repository import find_model_settings
+from runtime.settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings
+from runtime.types import State
 
 if TYPE_CHECKING:
-    from ..scheduling.worker_executor import WorkerExecutor
+    from runtime.scheduling.worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Management:
         workers = executor.describe() if executor is not None else self._in_process(entry)
         count = len([w for w in workers if w["status"] != "STOPPED"]) if executor is not None else 0
         scheduler = entry.scheduler.describe() if entry.scheduler is not None else {}
-        from ..torchserve.archive import kept  # not at start-up: archives may never be described
+        from runtime.torchserve.archive import kept  # not at start-up: archives may never be described
 
         config = kept(entry.settings).get("config") or {}
         return {
@@ -186,7 +186,7 @@ class Management:
     def _url(entry: ModelEntry) -> str:
         """A TorchServe archive's file name (as TorchServe lists ``squeezenet1_1.mar``), else the
         model's folder."""
-        from ..torchserve.archive import kept
+        from runtime.torchserve.archive import kept
 
         archive = kept(entry.settings).get("archive")
         if archive:
@@ -250,7 +250,7 @@ class Management:
         """The settings of the model at ``url``, after checking it is allowed: a TorchServe archive's
         from its manifest and model-config.yaml, else a folder's (an archive of one is extracted
         into a private folder) from its model-settings.json."""
-        from ..torchserve.archive import ArchiveError, archive_settings, is_archive
+        from runtime.torchserve.archive import ArchiveError, archive_settings, is_archive
 
         path = self._local(url)
         try:

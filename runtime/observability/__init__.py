@@ -12,15 +12,15 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .counts import Recorder
-from .observer import Observer
-from .tracing import Tracing, activate, from_settings
+from runtime.telemetry.counts import Recorder
+from runtime.core.observer import Observer
+from runtime.telemetry.tracing import Tracing, activate, from_settings
 
 if TYPE_CHECKING:
     import grpc
 
-    from ..dataplane import DataPlane
-    from ..settings import Settings
+    from runtime.core.dataplane import DataPlane
+    from runtime.settings import Settings
 
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Observability:
         """The REST app, wrapped when requests are counted, logged or traced."""
         if not self.watching_requests:
             return app
-        from .access import ObservedApp, route_counter
+        from runtime.frontends.telemetry.access import ObservedApp, route_counter
 
         recorder = self.recorder
         if recorder is not None and self.counting_only:
@@ -73,7 +73,7 @@ class Observability:
         """The gRPC server's interceptor, when the access log or tracing read every call."""
         if not self.watching_requests or self.counting_only:
             return []
-        from .grpc_access import ObservedGrpc
+        from runtime.frontends.telemetry.grpc_access import ObservedGrpc
 
         return [ObservedGrpc(self.recorder, self.access_log, self.tracing)]
 
@@ -82,7 +82,7 @@ class Observability:
         metrics alone watch calls, a registration that observes each handler once (no interceptor)."""
         if not self.counting_only:
             return server
-        from .grpc_access import ObservedGrpc, ObservedRegistration
+        from runtime.frontends.telemetry.grpc_access import ObservedGrpc, ObservedRegistration
 
         return ObservedRegistration(server, ObservedGrpc(self.recorder, False, None))
 
@@ -106,7 +106,7 @@ def _first_scrape_builds(recorder: Recorder, dataplane: DataPlane, path: str) ->
         if scope["type"] != "http":
             return
         if app is None:
-            from .metrics import ServerCollector, metrics_app, new_registry
+            from runtime.frontends.telemetry.metrics import ServerCollector, metrics_app, new_registry
 
             app = metrics_app(new_registry(ServerCollector(recorder, dataplane.registry)), path)
         for entry in dataplane.registry.entries():  # counts kept in worker processes, read now

@@ -14,11 +14,11 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..ids import new_id
-from .counts import DURATION_BUCKETS, Histogram, Recorder
+from runtime.ids import new_id
+from runtime.telemetry.counts import DURATION_BUCKETS, Histogram, Recorder
 
 if TYPE_CHECKING:
-    from .tracing import Tracing
+    from runtime.telemetry.tracing import Tracing
 
 access_logger = logging.getLogger("runtime.access")
 

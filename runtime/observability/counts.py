@@ -1,7 +1,7 @@
 """Exact counts of one process, in plain Python: the serving path only adds to integers and floats.
 
 A :class:`Recorder`'s :meth:`~Recorder.snapshot` is plain, picklable data, and snapshots of
-several processes add up (:func:`merge`); ``runtime.observability.metrics`` turns them into
+several processes add up (:func:`merge`); ``runtime.frontends.telemetry.metrics`` turns them into
 Prometheus families at scrape time. Nothing here imports a metrics library.
 """
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ..ids import new_id
-from .access import REQUEST_ID, log_access, trace_id_of
-from .counts import MethodCounters, Recorder
+from runtime.ids import new_id
+from runtime.frontends.telemetry.access import REQUEST_ID, log_access, trace_id_of
+from runtime.telemetry.counts import MethodCounters, Recorder
 
 if TYPE_CHECKING:
-    from .tracing import Tracing
+    from runtime.telemetry.tracing import Tracing
 
 
 class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no type stubs

@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
-from .tokens import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, TokenStats
+from runtime.telemetry.counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
+from runtime.server.observability.tokens import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, TokenStats
 
 if TYPE_CHECKING:
-    from ..registry import Registry
-    from ..scheduling.scheduler import Scheduler
+    from runtime.core.registry import Registry
+    from runtime.scheduling.scheduler import Scheduler
 
 MODEL_LABELS = ("model_name", "model_version")
 TRITON_LABELS = ("model", "version")

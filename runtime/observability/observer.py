@@ -10,12 +10,12 @@ from bisect import bisect_left
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown, WorkerLost
-from .counts import DURATION_BUCKETS, ModelCounters, Recorder
+from runtime.errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown, WorkerLost
+from runtime.telemetry.counts import DURATION_BUCKETS, ModelCounters, Recorder
 
 if TYPE_CHECKING:
-    from ..registry import ModelEntry, Registry
-    from .tracing import Tracing
+    from runtime.core.registry import ModelEntry, Registry
+    from runtime.telemetry.tracing import Tracing
 
 # 503s, by why (the label ``reason`` of model_infer_request_rejected); the most specific class first
 REJECTIONS: tuple[tuple[type[Exception], str], ...] = (

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from ..settings import Settings
+from runtime.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The REST transport (Starlette)."""
 
-from .asgi import create_app
+from runtime.server.rest_app import create_app
 
 __all__ = ["create_app"]

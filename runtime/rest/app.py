@@ -13,16 +13,16 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..dataplane import DataPlane
-from ..errors import Cancelled, PayloadTooLarge, ServerError
-from ..fairness import GRPC_ACTIVE_WINDOW
-from ..request_checks import raw_request
-from ..sequences.identity import apply_headers
-from ..types import InferenceRequest
-from .codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
-from .disconnect import cancel_on_disconnect
-from .sequence import raw_sequence_headers, read_sequence_headers
-from .status import headers_of, status_of
+from runtime.core.dataplane import DataPlane
+from runtime.errors import Cancelled, PayloadTooLarge, ServerError
+from runtime.core.fairness import GRPC_ACTIVE_WINDOW
+from runtime.core.request_checks import raw_request
+from runtime.sequences.identity import apply_headers
+from runtime.types import InferenceRequest
+from runtime.frontends.rest.codec import HEADER_LENGTH, dumps, encode_response, parse_request, split_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.sequence import raw_sequence_headers, read_sequence_headers
+from runtime.frontends.rest.status import headers_of, status_of
 
 logger = logging.getLogger(__name__)
 

@@ -26,14 +26,14 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..dataplane import DataPlane
-from ..errors import ServerError
-from ..frontends.openai.openai_routes import OpenAIApi
-from ..kserve.v1 import KServeV1
-from ..torchserve.rest_api import TorchServeRest
-from .app import RestApi, _http_error, _server_error, _unexpected
-from .repository_routes import repository_routes
-from .sse_routes import StreamingApi
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.frontends.openai.openai_routes import OpenAIApi
+from runtime.frontends.kserve.v1 import KServeV1
+from runtime.frontends.torchserve.rest_api import TorchServeRest
+from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
+from runtime.frontends.rest.repository_routes import repository_routes
+from runtime.frontends.rest.sse_routes import StreamingApi
 
 _PREFIX = "/v2/models/"
 _SUFFIX = "/infer"

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from ..errors import InvalidInput
-from ..tensors import to_json_data, to_raw
-from ..types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput, set_field
+from runtime.errors import InvalidInput
+from runtime.tensors import to_json_data, to_raw
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput, set_field
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY

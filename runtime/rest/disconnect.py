@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.types import Receive
 
-from ..errors import Cancelled
+from runtime.errors import Cancelled
 
 T = TypeVar("T")
 

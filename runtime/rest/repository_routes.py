@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..dataplane import DataPlane
-from ..errors import InvalidInput, PayloadTooLarge
-from ..types import RepositoryIndexRequest
-from .codec import dumps, validation_message
+from runtime.core.dataplane import DataPlane
+from runtime.errors import InvalidInput, PayloadTooLarge
+from runtime.types import RepositoryIndexRequest
+from runtime.frontends.rest.codec import dumps, validation_message
 
 _MAX_BODY = 64 * 1024
 

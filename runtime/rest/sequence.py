@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..sequences.identity import END, HEADERS, ID, REPLICA, STEP, apply_headers, response_headers
-from ..types import InferenceRequest, InferenceResponse
+from runtime.sequences.identity import END, HEADERS, ID, REPLICA, STEP, apply_headers, response_headers
+from runtime.types import InferenceRequest, InferenceResponse
 
 _PREFIX = b"ts_request_sequence_"
 _STEP = STEP.encode()

@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from ..errors import ServerError
-from ..streams.stream_counter import StreamCounter, cut_error
+from runtime.errors import ServerError
+from runtime.streams.stream_counter import StreamCounter, cut_error
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@
   tensor body) as Server-Sent Events.
 
 Everything protocol-related happens in the core (``DataPlane.infer_stream``, ``DataPlane.generate``,
-``runtime.generate``); these handlers only translate. Errors before the first event are JSON errors
-with the status of ``runtime.rest.status``; after it, ``event: error`` (see ``runtime.rest.sse``).
+``runtime.core.generate``); these handlers only translate. Errors before the first event are JSON errors
+with the status of ``runtime.frontends.rest.status``; after it, ``event: error`` (see ``runtime.frontends.rest.sse``).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import InvalidInput
-from ..generate import GenerateRequest, GenerateResponse, is_generate_body
-from ..streams.pipeline import one
-from ..types import InferenceRequest, InferenceResponse
-from .app import RestApi, _model, json_response, read_body
-from .codec import HEADER_LENGTH, dumps, encode_response, parse_json, validation_message
-from .disconnect import cancel_on_disconnect
-from .sequence import read_sequence_headers, sequence_headers
-from .sse import message_event, sse_response
+from runtime.errors import InvalidInput
+from runtime.core.generate import GenerateRequest, GenerateResponse, is_generate_body
+from runtime.streams.pipeline import one
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.frontends.rest.app import RestApi, _model, json_response, read_body
+from runtime.frontends.rest.codec import HEADER_LENGTH, dumps, encode_response, parse_json, validation_message
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.sequence import read_sequence_headers, sequence_headers
+from runtime.frontends.rest.sse import message_event, sse_response
 
 Answer = Callable[[InferenceResponse], GenerateResponse]
 """Turns a response into a generate answer (None: the body was a tensor request, answered as such)."""

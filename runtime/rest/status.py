@@ -5,7 +5,7 @@ A "try again later" error (``Unavailable``, 503) also carries a ``Retry-After`` 
 
 from __future__ import annotations
 
-from .. import errors
+from runtime import errors
 
 # most specific first: the first class an error is an instance of decides
 STATUS: tuple[tuple[type[errors.ServerError], int], ...] = (

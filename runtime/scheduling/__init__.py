@@ -6,19 +6,19 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..continuous import ContinuousModel
-from ..model import MLModel
-from ..sequences.sequence_model import SequenceModel, serves_stateless
-from ..settings import ModelSettings
-from .direct import DirectScheduler
-from .scheduler import RequestFailed, Scheduler
+from runtime.continuous import ContinuousModel
+from runtime.model import MLModel
+from runtime.sequences.sequence_model import SequenceModel, serves_stateless
+from runtime.settings import ModelSettings
+from runtime.scheduling.direct import DirectScheduler
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
 
 if TYPE_CHECKING:
-    from .adaptive import AdaptiveScheduler
-    from .continuous_batching import ContinuousScheduler
-    from .forwarding import ForwardingScheduler
-    from .sequence_batching import SequenceScheduler
-    from .worker_executor import WorkerExecutor
+    from runtime.scheduling.adaptive import AdaptiveScheduler
+    from runtime.scheduling.continuous_batching import ContinuousScheduler
+    from runtime.scheduling.forwarding import ForwardingScheduler
+    from runtime.scheduling.sequence_batching import SequenceScheduler
+    from runtime.scheduling.worker_executor import WorkerExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,10 @@ def make_scheduler(
     server forwards requests to them."""
     if settings.continuous_batching:
         if workers is not None:
-            from .forwarding import ForwardingScheduler
+            from runtime.scheduling.forwarding import ForwardingScheduler
 
             return ForwardingScheduler(model, settings, workers)
-        from .continuous_batching import ContinuousScheduler
+        from runtime.scheduling.continuous_batching import ContinuousScheduler
 
         return ContinuousScheduler(model, settings)
     if isinstance(model, ContinuousModel) and not _answers_alone(model):
@@ -67,7 +67,7 @@ def make_scheduler(
     if settings.sequence_batching:
         # requests outside any sequence go to the model's predict, scheduled as for any model
         stateless = _stateless(model, settings, workers) if serves_stateless(model) else None
-        from .sequence_batching import SequenceScheduler
+        from runtime.scheduling.sequence_batching import SequenceScheduler
 
         return SequenceScheduler(model, settings, stateless=stateless, executor=workers)
     if isinstance(model, SequenceModel) and not serves_stateless(model):
@@ -90,7 +90,7 @@ def _answers_alone(model: MLModel) -> bool:
 
 def _stateless(model: MLModel, settings: ModelSettings, workers: WorkerExecutor | None) -> Scheduler:
     if settings.max_batch_size > 1 and settings.max_batch_time > 0:
-        from .adaptive import AdaptiveScheduler
+        from runtime.scheduling.adaptive import AdaptiveScheduler
 
         adaptive = AdaptiveScheduler(model, settings)
         if workers is not None:  # at least one batch in flight per worker

@@ -47,15 +47,15 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
-from ..model import MLModel
-from ..observability.tracing import batch_span, direct_stream
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse, Parameters
-from . import collector
-from .batching import batch_shape, merge, split
-from .queueing import Waiter, WaitQueue, queue_timeout, reject, resolve, wait_for_response
-from .scheduler import Scheduler
+from runtime.errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
+from runtime.model import MLModel
+from runtime.telemetry.tracing import batch_span, direct_stream
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse, Parameters
+from runtime.scheduling import collector
+from runtime.scheduling.batching import batch_shape, merge, split
+from runtime.scheduling.queueing import Waiter, WaitQueue, queue_timeout, reject, resolve, wait_for_response
+from runtime.scheduling.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import asyncio
 import heapq
 from typing import Any
 
-from ..sequences.engine import SequenceEngine
-from ..sequences.lifecycle import Pending, Sequence
+from runtime.sequences.engine import SequenceEngine
+from runtime.sequences.lifecycle import Pending, Sequence
 
 
 class OneInFlight:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import ModelFailed
-from ..tensors import input_array, output_array
-from ..types import (
+from runtime.errors import ModelFailed
+from runtime.tensors import input_array, output_array
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,

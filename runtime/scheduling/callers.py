@@ -15,14 +15,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from ..continuous import Stream
-from ..errors import ServerError
-from ..sequences.identity import mark_response
-from ..sequences.lifecycle import Pending
-from ..streams.pipeline import Outbox, stop_tasks
-from ..types import InferenceRequest, InferenceResponse, Parameters, set_extra
-from .queueing import Waiter
-from .scheduler import RequestFailed
+from runtime.continuous import Stream
+from runtime.errors import ServerError
+from runtime.sequences.identity import mark_response
+from runtime.sequences.lifecycle import Pending
+from runtime.streams.pipeline import Outbox, stop_tasks
+from runtime.types import InferenceRequest, InferenceResponse, Parameters, set_extra
+from runtime.scheduling.queueing import Waiter
+from runtime.scheduling.scheduler import RequestFailed
 
 STREAM_BUFFER: Final = 8
 """Chunks of one stream produced but not yet taken by its reader; at this many it sits out steps."""

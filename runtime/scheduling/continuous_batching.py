@@ -47,18 +47,18 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from ..errors import ModelFailed, ModelNotReady, ShuttingDown
-from ..ids import assign_id
-from ..model import MLModel
-from ..observability.tracing import batch_span
-from ..sequences.identity import parse_control
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
-from .queueing import WaitQueue, queue_timeout
-from .running_set_strategy import RunningSet
-from .scheduler import RequestFailed, Scheduler
+from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
+from runtime.errors import ModelFailed, ModelNotReady, ShuttingDown
+from runtime.ids import assign_id
+from runtime.model import MLModel
+from runtime.telemetry.tracing import batch_span
+from runtime.sequences.identity import parse_control
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.scheduling.callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
+from runtime.scheduling.queueing import WaitQueue, queue_timeout
+from runtime.scheduling.continuous_sequences import RunningSet
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from time import monotonic
 
-from ..errors import Overloaded
-from ..model import MLModel
-from ..observability import tracing
-from ..observability.tracing import direct_span, direct_stream
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .scheduler import Scheduler
+from runtime.errors import Overloaded
+from runtime.model import MLModel
+from runtime.server.observability import tracing
+from runtime.telemetry.tracing import direct_span, direct_stream
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.scheduling.scheduler import Scheduler
 
 
 class DirectScheduler(Scheduler):

@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..model import MLModel
-from ..sequences.sequence_model import EndReason, SequenceModel, SequenceStep
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
+from runtime.model import MLModel
+from runtime.sequences.sequence_model import EndReason, SequenceModel, SequenceStep
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
 
 LostSequences = Callable[[list[str], str], None]
 """Told the keys of sequences whose state was lost with a worker, and why."""

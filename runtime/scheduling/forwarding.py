@@ -15,15 +15,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..model import MLModel
-from ..observability.counts import merge
-from ..observability.stats import ExecutionStats
-from ..sequences.identity import ID, parse_control
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from ..workers import WorkerProcess
-from .scheduler import RequestFailed, Scheduler
-from .worker_executor import WorkerExecutor
+from runtime.model import MLModel
+from runtime.telemetry.counts import merge
+from runtime.telemetry.stats import ExecutionStats
+from runtime.sequences.identity import ID, parse_control
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.workers import WorkerProcess
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.worker_executor import WorkerExecutor
 
 GENERATED = ""
 """As the sequence a request opens: a START without an id (its answer names the id the worker made)."""

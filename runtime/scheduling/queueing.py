@@ -27,8 +27,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..errors import InvalidInput, Overloaded, QueueTimeout
-from ..types import InferenceRequest, InferenceResponse
+from runtime.errors import InvalidInput, Overloaded, QueueTimeout
+from runtime.types import InferenceRequest, InferenceResponse
 
 # Triton's request parameter bounding the wait in the queue, in microseconds
 TIMEOUT_PARAMETER = "timeout"

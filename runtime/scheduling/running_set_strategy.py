@@ -42,14 +42,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..continuous import ContinuousModel, SequenceState, Stream, StreamSequence
-from ..errors import Cancelled, SequenceError
-from ..sequences.identity import STEP, SequenceControl
-from ..sequences.lifecycle import Pending, Sequence
-from ..sequences.replicated import make_engine
-from ..sequences.store import StateStore
-from ..settings import ModelSettings
-from ..types import InferenceRequest
+from runtime.continuous import ContinuousModel, SequenceState, Stream, StreamSequence
+from runtime.errors import Cancelled, SequenceError
+from runtime.sequences.identity import STEP, SequenceControl
+from runtime.sequences.lifecycle import Pending, Sequence
+from runtime.sequences.replicated import make_engine
+from runtime.sequences.store import StateStore
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest
 
 
 class StreamEntry(Protocol):

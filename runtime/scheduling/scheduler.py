@@ -12,12 +12,12 @@ import abc
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..model import MLModel
-from ..observability.stats import ExecutionStats
-from ..settings import ModelSettings
-from ..streams.pipeline import RequestFailed
-from ..types import InferenceRequest, InferenceResponse
-from .executor import Executor, InProcessExecutor
+from runtime.model import MLModel
+from runtime.telemetry.stats import ExecutionStats
+from runtime.settings import ModelSettings
+from runtime.streams.pipeline import RequestFailed
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.scheduling.executor import Executor, InProcessExecutor
 
 __all__ = ["RequestFailed", "Scheduler"]
 

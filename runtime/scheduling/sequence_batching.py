@@ -31,22 +31,22 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..errors import InvalidInput, ModelFailed, ShuttingDown
-from ..model import MLModel
-from ..observability.tracing import batch_span
-from ..sequences.engine import STORED
-from ..sequences.identity import SequenceControl, mark_response, parse_control
-from ..sequences.lifecycle import Pending, Sequences
-from ..sequences.replicated import make_engine
-from ..sequences.sequence_model import SequenceModel, SequenceStep
-from ..sequences.store import StateStore
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from . import collector
-from .batch_strategy import OneInFlight
-from .executor import Executor
-from .scheduler import RequestFailed, Scheduler
-from .sequence_streams import serve_stream
+from runtime.errors import InvalidInput, ModelFailed, ShuttingDown
+from runtime.model import MLModel
+from runtime.telemetry.tracing import batch_span
+from runtime.sequences.engine import STORED
+from runtime.sequences.identity import SequenceControl, mark_response, parse_control
+from runtime.sequences.lifecycle import Pending, Sequences
+from runtime.sequences.replicated import make_engine
+from runtime.sequences.sequence_model import SequenceModel, SequenceStep
+from runtime.sequences.store import StateStore
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.scheduling import collector
+from runtime.scheduling.one_in_flight import OneInFlight
+from runtime.scheduling.executor import Executor
+from runtime.scheduling.scheduler import RequestFailed, Scheduler
+from runtime.scheduling.sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from ..sequences.identity import SequenceControl, parse_control
-from ..sequences.lifecycle import Pending
-from ..types import InferenceRequest, InferenceResponse
-from .scheduler import RequestFailed
+from runtime.sequences.identity import SequenceControl, parse_control
+from runtime.sequences.lifecycle import Pending
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.scheduling.scheduler import RequestFailed
 
 
 class SequenceSubmitter(Protocol):

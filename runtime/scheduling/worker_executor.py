@@ -13,12 +13,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..errors import SequenceError, WorkerLost
-from ..sequences.sequence_model import SequenceStep
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from ..workers import HeldState, WorkerPool, WorkerProcess
-from .executor import Executor, LostSequences
+from runtime.errors import SequenceError, WorkerLost
+from runtime.sequences.sequence_model import SequenceStep
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.workers import HeldState, WorkerPool, WorkerProcess
+from runtime.scheduling.executor import Executor, LostSequences
 
 
 class WorkerExecutor(Executor):

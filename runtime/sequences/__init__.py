@@ -4,9 +4,9 @@ The scheduler that serves them is ``runtime.scheduling.sequence_batching.Sequenc
 ``runtime.sequences.engine.SequenceEngine``.
 """
 
-from .identity import SequenceControl, parse_control
-from .sequence_model import END_REASONS, EndReason, SequenceModel, SequenceStep
-from .store import LRUStateStore, StateStore
+from runtime.sequences.identity import SequenceControl, parse_control
+from runtime.sequences.sequence_model import END_REASONS, EndReason, SequenceModel, SequenceStep
+from runtime.sequences.store import LRUStateStore, StateStore
 
 __all__ = [
     "END_REASONS",

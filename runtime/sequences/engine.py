@@ -6,9 +6,9 @@ idle and lifetime timers, and every ending: it tells the model (``sequence_ended
 reason) and settles what waits. What differs between schedulers is *when* a request runs; that is a
 ``SequenceStrategy`` plugged into the engine:
 
-- sequence batching (``runtime.scheduling.batch_strategy``): at most one request of a sequence in
+- sequence batching (``runtime.scheduling.one_in_flight``): at most one request of a sequence in
   flight, one per batch; the state stays in the store while a step runs;
-- continuous batching (``runtime.scheduling.running_set_strategy``): each request is a stream
+- continuous batching (``runtime.scheduling.continuous_sequences``): each request is a stream
   that joins a running set, several of one sequence at once, sharing the state in memory.
 
 Threading: every method runs on the event loop. ``admit``, ``withdraw``, ``cancel`` and the timers
@@ -43,13 +43,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-from ..errors import SequenceStepConflict
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .identity import STEP, SequenceControl
-from .lifecycle import Pending, Sequence, Sequences
-from .sequence_model import EndReason, SequenceStep
-from .store import LRUStateStore, SharedStateStore, StateStore
+from runtime.errors import SequenceStepConflict
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.sequences.identity import STEP, SequenceControl
+from runtime.sequences.lifecycle import Pending, Sequence, Sequences
+from runtime.sequences.sequence_model import EndReason, SequenceStep
+from runtime.sequences.store import LRUStateStore, SharedStateStore, StateStore
 
 logger = logging.getLogger(__name__)
 

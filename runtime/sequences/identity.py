@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SequenceError
-from ..ids import new_secret_id
-from ..types import (
+from runtime.errors import SequenceError
+from runtime.ids import new_secret_id
+from runtime.types import (
     InferenceRequest,
     InferenceResponse,
     Parameters,

@@ -22,10 +22,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import Cancelled, Overloaded, SequenceError, SequenceNotOpen, ServerError
-from ..types import InferenceRequest, InferenceResponse
-from .identity import SequenceControl
-from .sequence_model import END_REASONS, EndReason
+from runtime.errors import Cancelled, Overloaded, SequenceError, SequenceNotOpen, ServerError
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.sequences.identity import SequenceControl
+from runtime.sequences.sequence_model import END_REASONS, EndReason
 
 _HOW = {
     "end": "it was ended by a request with sequence_end",

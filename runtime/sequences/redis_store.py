@@ -35,9 +35,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import Unavailable
-from ..ids import new_secret_id
-from .store import Claim, Commit, SharedStateStore
+from runtime.errors import Unavailable
+from runtime.ids import new_secret_id
+from runtime.sequences.store import Claim, Commit, SharedStateStore
 
 logger = logging.getLogger(__name__)
 

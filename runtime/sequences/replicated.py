@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import SequenceElsewhere, SequenceError, Unavailable
-from ..settings import ModelSettings
-from ..types import InferenceResponse
-from .engine import EndedHook, SequenceEngine, SequenceStrategy
-from .lifecycle import Pending, Sequence, ended_message
-from .sequence_model import EndReason, SequenceStep
-from .store import Commit, LRUStateStore, SharedStateStore, StateStore
+from runtime.errors import SequenceElsewhere, SequenceError, Unavailable
+from runtime.settings import ModelSettings
+from runtime.types import InferenceResponse
+from runtime.sequences.engine import EndedHook, SequenceEngine, SequenceStrategy
+from runtime.sequences.lifecycle import Pending, Sequence, ended_message
+from runtime.sequences.sequence_model import EndReason, SequenceStep
+from runtime.sequences.store import Commit, LRUStateStore, SharedStateStore, StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def make_store(settings: ModelSettings) -> StateStore:
     capacity = settings.sequence_state_capacity or settings.max_sequences
     if url == "memory":
         return LRUStateStore(capacity)
-    from .redis_store import RedisStateStore  # imports redis, an optional dependency
+    from runtime.sequences.redis_store import RedisStateStore  # imports redis, an optional dependency
 
     return RedisStateStore(
         url,

@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..errors import InvalidInput
-from ..model import MLModel
-from ..types import InferenceRequest, InferenceResponse
+from runtime.errors import InvalidInput
+from runtime.model import MLModel
+from runtime.types import InferenceRequest, InferenceResponse
 
 EndReason = Literal["end", "idle", "timeout", "cancel", "eviction", "unload", "restart", "worker_lost"]
 """Why a sequence ended:

@@ -38,10 +38,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ..errors import InvalidInput, ServerError
-from ..ids import assign_id
-from ..types import InferenceRequest, InferenceResponse
-from .pipeline import Outbox, Recent, StreamError, one, sort_error, stop_tasks
+from runtime.errors import InvalidInput, ServerError
+from runtime.ids import assign_id
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.streams.pipeline import Outbox, Recent, StreamError, one, sort_error, stop_tasks
 
 logger = logging.getLogger(__name__)
 

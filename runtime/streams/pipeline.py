@@ -1,6 +1,6 @@
 """The one stream pipeline: requests in, ordered answers out, bounded read-ahead, cancellation
 that reaches the model. Every streaming front end goes through it: SSE (``infer_stream``,
-``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.streams.client_streams``) and
+``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.core.client_streams``) and
 the schedulers' own stream plumbing (``Outbox``, ``RequestFailed``).
 
 ``DataPlane.infer_stream`` and ``DataPlane.infer_stream_in_band`` run a :class:`StreamSession`.
@@ -32,7 +32,7 @@ A scheduler whose requests fail one by one (the sequence and continuous batchers
 same model stream goes on.
 
 With errors raised (``infer_stream``), the first error ends the stream. With errors in band
-(``infer_stream_in_band``, which ``runtime.streams.client_streams`` uses for gRPC's
+(``infer_stream_in_band``, which ``runtime.core.client_streams`` uses for gRPC's
 ModelStreamInfer), each error is yielded as a :class:`StreamError` tagged with its request's id and
 the stream goes on: the requests that follow a failure are served by a fresh call of the model's
 ``predict_stream``.
@@ -53,9 +53,9 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..errors import InvalidInput, ModelFailed, ServerError
-from ..ids import assign_id
-from ..types import InferenceRequest, InferenceResponse
+from runtime.errors import InvalidInput, ModelFailed, ServerError
+from runtime.ids import assign_id
+from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 

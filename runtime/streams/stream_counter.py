@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..errors import ShuttingDown
+from runtime.errors import ShuttingDown
 
 
 def cut_error() -> ShuttingDown:

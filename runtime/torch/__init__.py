@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .torch_settings import TorchSettings
+from runtime.torch.torch_settings import TorchSettings
 
 if TYPE_CHECKING:
-    from .runner import TensorSpec, TorchRunner
-    from .torch_model import TorchModel
+    from runtime.torch.runner import TensorSpec, TorchRunner
+    from runtime.torch.torch_model import TorchModel
 
 __all__ = ["TensorSpec", "TorchModel", "TorchRunner", "TorchSettings"]
 

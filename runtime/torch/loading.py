@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..repository import RepositoryError, import_model_class
-from ..settings import ModelSettings
-from .torch_settings import TorchConfig
+from runtime.repository import RepositoryError, import_model_class
+from runtime.settings import ModelSettings
+from runtime.torch.torch_settings import TorchConfig
 
 # torch's loaders keep process-wide state (torch.export.load sets a global deserializer and
 # fails if another thread is inside it), so artefacts are loaded one at a time

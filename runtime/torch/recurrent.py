@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InvalidInput, ModelFailed
-from ..settings import ModelSettings
-from ..tensors import dtype_of
-from ..types import InferenceRequest, InferenceResponse
-from .runner import TorchRunner
-from .torch_settings import StopRule, TorchSettings
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.settings import ModelSettings
+from runtime.tensors import dtype_of
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.torch.runner import TorchRunner
+from runtime.torch.torch_settings import StopRule, TorchSettings
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, tuple[np.ndarray, str]]

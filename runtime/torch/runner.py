@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InvalidInput, ModelFailed
-from ..tensors import datatype_of
-from .convert import FLOATING, describe, to_array, to_tensor, torch_dtype
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.tensors import datatype_of
+from runtime.torch.convert import FLOATING, describe, to_array, to_tensor, torch_dtype
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import InvalidInput
-from ..sequences.sequence_model import SequenceStep
-from ..types import InferenceResponse
-from .recurrent import Arrays, Recurrence, TensorModel, part, run_together
+from runtime.errors import InvalidInput
+from runtime.sequences.sequence_model import SequenceStep
+from runtime.types import InferenceResponse
+from runtime.torch.recurrent import Arrays, Recurrence, TensorModel, part, run_together
 
 
 async def predict_sequences(

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..continuous import StepResult, Stream, stack_chunks
-from ..errors import InvalidInput, ModelFailed
-from ..tensors import output_array
-from ..types import InferenceRequest, InferenceResponse, ResponseOutput
-from .recurrent import Arrays, Outputs, Recurrence, TensorModel, part, rows, run_together
+from runtime.continuous import StepResult, Stream, stack_chunks
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.tensors import output_array
+from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
+from runtime.torch.recurrent import Arrays, Outputs, Recurrence, TensorModel, part, rows, run_together
 
 
 class Decoding:

@@ -19,18 +19,18 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from ..errors import InvalidInput, ModelNotReady
-from ..sequences.sequence_model import SequenceModel, SequenceStep
-from ..tensors import input_array
-from ..types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
-from .convert import FLOATING, torch_dtype
-from .loading import Loaded, ProgramInput, load
-from .recurrent import Outputs, Recurrence, read_recurrence
-from .runner import TensorSpec, TorchRunner
-from .sequence_batch import predict_sequences
-from .steps import Steps
-from .torch_settings import TorchConfig, read_config
+from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
+from runtime.errors import InvalidInput, ModelNotReady
+from runtime.sequences.sequence_model import SequenceModel, SequenceStep
+from runtime.tensors import input_array
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
+from runtime.torch.convert import FLOATING, torch_dtype
+from runtime.torch.loading import Loaded, ProgramInput, load
+from runtime.torch.recurrent import Outputs, Recurrence, read_recurrence
+from runtime.torch.runner import TensorSpec, TorchRunner
+from runtime.torch.sequence_batch import predict_sequences
+from runtime.torch.steps import Steps
+from runtime.torch.torch_settings import TorchConfig, read_config
 
 
 class TorchModel(ContinuousModel, SequenceModel):

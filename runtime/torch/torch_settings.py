@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..field_docs import documented
-from ..settings import ModelSettings
+from runtime.field_docs import documented
+from runtime.settings import ModelSettings
 
 Format = Literal["torchscript", "export", "state_dict"]
 """``torchscript``: a ``torch.jit.save`` file; ``export``: a ``torch.export.save`` program (.pt2);

@@ -32,8 +32,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..settings import MODEL_SETTINGS_FILENAME, ModelParameters, ModelSettings
-from . import PLATFORM
+from runtime.settings import MODEL_SETTINGS_FILENAME, ModelParameters, ModelSettings
+from runtime.torchserve import PLATFORM
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 UNPACKED = ".mar-unpacked"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from .. import errors
+from runtime import errors
 
 NO_WORKER = (
     'Model "{name}" has no worker to serve inference request. Please use scale workers API to add workers.'

@@ -26,14 +26,14 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from ..dataplane import DataPlane
-from ..errors import SequenceNotOpen
-from ..sequences.identity import END, ID, START, apply_transport_fields
-from ..settings import ModelSettings
-from ..streams.pipeline import one
-from ..types import InferenceRequest, InferenceResponse, Parameters
-from . import PLATFORM
-from .payload import Answer, Entry, build_instances_request, build_request, read_answers
+from runtime.core.dataplane import DataPlane
+from runtime.errors import SequenceNotOpen
+from runtime.sequences.identity import END, ID, START, apply_transport_fields
+from runtime.settings import ModelSettings
+from runtime.streams.pipeline import one
+from runtime.types import InferenceRequest, InferenceResponse, Parameters
+from runtime.torchserve import PLATFORM
+from runtime.torchserve.payload import Answer, Entry, build_instances_request, build_request, read_answers
 
 HEADER_ID = "ts_request_sequence_id"
 HEADER_START = "ts_request_sequence_start"

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import ModelFailed
-from .payload import BODY, Answer, Row
+from runtime.errors import ModelFailed
+from runtime.torchserve.payload import BODY, Answer, Row
 
 logger = logging.getLogger(__name__)
 

@@ -24,16 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..continuous import ContinuousModel, StepResult, Stream
-from ..errors import ModelFailed
-from ..ids import assign_id
-from ..model import MLModel
-from ..sequences.sequence_model import SequenceModel, SequenceStep
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .archive import kept, read_manifest
-from .handler import HandlerRunner
-from .payload import Answer, Row, answers_response, read_rows
+from runtime.continuous import ContinuousModel, StepResult, Stream
+from runtime.errors import ModelFailed
+from runtime.ids import assign_id
+from runtime.model import MLModel
+from runtime.sequences.sequence_model import SequenceModel, SequenceStep
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.torchserve.archive import kept, read_manifest
+from runtime.torchserve.handler import HandlerRunner
+from runtime.torchserve.payload import Answer, Row, answers_response, read_rows
 
 logger = logging.getLogger(__name__)
 

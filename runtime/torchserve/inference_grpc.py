@@ -27,16 +27,16 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
-from ..dataplane import DataPlane
-from ..errors import ModelNotFound, ServerError
-from ..grpc.generated import ts_inference_pb2 as pb
-from ..grpc.status_codes import trailers_of
-from ..management import Management, ManagementKey
-from ..settings import ModelSettings
-from ..types import InferenceRequest
-from .error_body import describe, grpc_code
-from .frontend import FrontEnd
-from .payload import Answer, Entry
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ModelNotFound, ServerError
+from runtime.frontends.grpc.generated import ts_inference_pb2 as pb
+from runtime.frontends.grpc.status_codes import trailers_of
+from runtime.frontends.management import Management, ManagementKey
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest
+from runtime.frontends.torchserve.error_body import describe, grpc_code
+from runtime.frontends.torchserve.frontend import FrontEnd
+from runtime.torchserve.payload import Answer, Entry
 
 SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 SEQUENCE_KEYS = ("ts_request_sequence_start", "ts_request_sequence_end")
@@ -182,8 +182,8 @@ def torchserve_services(
     """TorchServe's gRPC services, by full service name, for the server's one gRPC server: the
     management service is ``management``'s operations (the management REST API's) and needs
     ``management_key`` (unless None), as the management REST API does."""
-    from .management_grpc import SERVICE as MANAGEMENT
-    from .management_grpc import management_handlers
+    from runtime.frontends.torchserve.management_grpc import SERVICE as MANAGEMENT
+    from runtime.frontends.torchserve.management_grpc import management_handlers
 
     return {
         SERVICE: inference_handlers(dataplane),

@@ -2,10 +2,10 @@
 every call answers ``ManagementResponse{msg}``, ``msg`` being what TorchServe's management REST API
 answers (a JSON document, or a status sentence).
 
-Each call is the management core's operation (``runtime.management.Management``), the one the
+Each call is the management core's operation (``runtime.frontends.management.Management``), the one the
 management REST API calls, so both front ends list, describe, register (the same ``allowed_urls``,
 TorchServe archives and model folders alike), scale, set defaults and unregister alike; only the
-translation is here. A refusal is TorchServe's error table's (``runtime.torchserve.error_body``)
+translation is here. A refusal is TorchServe's error table's (``runtime.frontends.torchserve.error_body``)
 status as TorchServe's gRPC code (400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 404 NOT_FOUND, 409
 ABORTED, 5xx INTERNAL or UNAVAILABLE), with its message. Zero fields are TorchServe's defaults:
 ``limit`` 0 gives an empty page (as TorchServe answers), ``min_worker`` 0 is 1, ``max_worker`` 0 is
@@ -25,12 +25,12 @@ from typing import Any
 
 import grpc
 
-from ..errors import ServerError
-from ..grpc.generated import ts_management_pb2 as pb
-from ..management import Management, ManagementKey
-from ..management.api import AUTH_FAILED
-from ..management.operations import default_set, scaled, unregistered
-from .error_body import describe, grpc_code
+from runtime.errors import ServerError
+from runtime.frontends.grpc.generated import ts_management_pb2 as pb
+from runtime.frontends.management import Management, ManagementKey
+from runtime.frontends.management.api import AUTH_FAILED
+from runtime.core.management import default_set, scaled, unregistered
+from runtime.frontends.torchserve.error_body import describe, grpc_code
 
 SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 

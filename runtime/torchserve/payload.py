@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import InvalidInput, ModelFailed
-from ..ids import assign_id
-from ..types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput, set_field
+from runtime.errors import InvalidInput, ModelFailed
+from runtime.ids import assign_id
+from runtime.types import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput, set_field
 
 META = "ts_request"
 BODY = "body"

@@ -26,17 +26,17 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from ..dataplane import DataPlane
-from ..errors import ServerError
-from ..rest.app import _Asgi, read_body
-from ..rest.disconnect import cancel_on_disconnect
-from ..rest.sequence import sequence_headers
-from ..rest.status import headers_of
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .error_body import describe
-from .frontend import HEADER_ID, FrontEnd, is_handler, streamed
-from .payload import Answer, Entry
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.frontends.rest.app import _Asgi, read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.sequence import sequence_headers
+from runtime.frontends.rest.status import headers_of
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.frontends.torchserve.error_body import describe
+from runtime.frontends.torchserve.frontend import HEADER_ID, FrontEnd, is_handler, streamed
+from runtime.torchserve.payload import Answer, Entry
 
 logger = logging.getLogger(__name__)
 

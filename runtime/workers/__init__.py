@@ -7,8 +7,8 @@ is in ``wire`` (pickle protocol 5, out-of-band buffers), read and written by ``c
 ``messages`` holds what both ends of a stream keep (inbox, credit).
 """
 
-from .messages import HeldState
-from .pool import WorkerPool
-from .process import WorkerProcess, WorkerStartTimeout
+from runtime.workers.messages import HeldState
+from runtime.workers.pool import WorkerPool
+from runtime.workers.process import WorkerProcess, WorkerStartTimeout
 
 __all__ = ["HeldState", "WorkerPool", "WorkerProcess", "WorkerStartTimeout"]

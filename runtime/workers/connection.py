@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from .wire import COUNT, DIRECT, HEAD, Encoder, rebuilt
+from runtime.workers.wire import COUNT, DIRECT, HEAD, Encoder, rebuilt
 
 STAGING: Final = 256 * 1024
 """Size of the staging buffer small messages are read through."""

@@ -27,11 +27,11 @@ from typing import Any
 
 from lru import LRU
 
-from ..errors import ModelNotReady, SequenceError
-from ..sequences.sequence_model import END_REASONS
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .process import WorkerProcess, WorkerStartTimeout
+from runtime.errors import ModelNotReady, SequenceError
+from runtime.sequences.sequence_model import END_REASONS
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.workers.process import WorkerProcess, WorkerStartTimeout
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import WorkerLost
-from ..settings import ModelSettings
-from ..types import InferenceRequest, InferenceResponse
-from .connection import Connection
-from .messages import ACK_EVERY, FINAL, Credit, Inbox
+from runtime.errors import WorkerLost
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
+from runtime.workers.connection import Connection
+from runtime.workers.messages import ACK_EVERY, FINAL, Credit, Inbox
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class WorkerProcess:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "runtime.worker_process",
+                "runtime.server.worker",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..types import (
+from runtime.types import (
     Datatype,
     InferenceRequest,
     InferenceResponse,

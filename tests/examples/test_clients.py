@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ..conftest import ROOT
-from ..servers import RunningServer
+from tests.conftest import ROOT
+from tests.servers import RunningServer
 
 
 def test_rest_client_example(example_server: RunningServer) -> None:

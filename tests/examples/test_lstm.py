@@ -15,8 +15,8 @@ import pytest
 from runtime.repository import import_model_class
 from runtime.settings import ModelSettings
 
-from ..conftest import ROOT, InProcess
-from ..servers import start_server
+from tests.conftest import ROOT, InProcess
+from tests.servers import start_server
 
 EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 

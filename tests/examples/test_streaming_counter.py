@@ -16,8 +16,8 @@ from types import ModuleType
 
 import pytest
 
-from ..conftest import ROOT
-from ..servers import RunningServer, start_server
+from tests.conftest import ROOT
+from tests.servers import RunningServer, start_server
 
 EXAMPLE = ROOT / "examples" / "sequences" / "streaming-counter"
 CLIENT = ROOT / "examples" / "clients" / "streaming_counter_client.py"

@@ -15,12 +15,12 @@ import httpx
 import orjson
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.settings import ModelSettings
 
-from ..conftest import ROOT, STREAMING_EXAMPLES
-from ..grpc_support import inference_stub
-from ..servers import RunningServer, serving
+from tests.conftest import ROOT, STREAMING_EXAMPLES
+from tests.grpc_support import inference_stub
+from tests.servers import RunningServer, serving
 
 
 def generate(server: RunningServer, text: str, **parameters: Any) -> httpx.Response:

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed
-from runtime.grpc.converters import (
+from runtime.frontends.grpc.converters import (
     parameters_from_proto,
     request_from_proto,
     response_to_proto,
     set_parameters,
 )
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.tensors import input_array, unpack_bytes
 from runtime.types import Datatype, InferenceResponse, Parameters, ResponseOutput, UInt64
 

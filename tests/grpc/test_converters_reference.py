@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.grpc import converters, response_writer
-from runtime.grpc.converters import request_from_proto, response_to_proto
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.response_writer import response_bytes
+from runtime.frontends.grpc import converters, response_writer
+from runtime.frontends.grpc.converters import request_from_proto, response_to_proto
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.response_writer import response_bytes
 from runtime.types import (
     Datatype,
     InferenceRequest,

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from google.protobuf.descriptor import Descriptor
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "runtime" / "grpc" / "generated"

@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from ..grpc_support import GRPC_MODELS, inference_stub, raw_request, wait_for_log
-from ..servers import RunningServer, start_server
+from tests.grpc_support import GRPC_MODELS, inference_stub, raw_request, wait_for_log
+from tests.servers import RunningServer, start_server
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:

@@ -1,4 +1,4 @@
-"""gRPC health checking (``runtime.grpc.health``): ``Check`` follows readiness afresh, ``Watch``
+"""gRPC health checking (``runtime.frontends.grpc.health``): ``Check`` follows readiness afresh, ``Watch``
 hears each change and ends when the server drains."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from runtime.dataplane import DataPlane
-from runtime.grpc.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
+from runtime.core.dataplane import DataPlane
+from runtime.frontends.grpc.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 
 pytestmark = pytest.mark.anyio
 

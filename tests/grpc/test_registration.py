@@ -12,15 +12,15 @@ import pytest
 from google.protobuf import empty_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from runtime.dataplane import DataPlane
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc, ts_inference_pb2_grpc
-from runtime.grpc.grpc_server import REGISTERED, GrpcServer
-from runtime.grpc.health import SERVICE_NAME
-from runtime.registry import Registry
+from runtime.core.dataplane import DataPlane
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc, ts_inference_pb2_grpc
+from runtime.frontends.grpc.grpc_server import REGISTERED, GrpcServer
+from runtime.frontends.grpc.health import SERVICE_NAME
+from runtime.core.registry import Registry
 from runtime.settings import Settings
-from runtime.torchserve.inference_grpc import SERVICE as TORCHSERVE
-from runtime.torchserve.inference_grpc import inference_handlers
+from runtime.frontends.torchserve.inference_grpc import SERVICE as TORCHSERVE
+from runtime.frontends.torchserve.inference_grpc import inference_handlers
 
 pytestmark = pytest.mark.anyio
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from google.protobuf.message import Message
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.tensors import unpack_bytes
 
-from ..grpc_support import MAX_MESSAGE, InferenceStub, inference_stub, raw_request, wait_for_log
-from ..servers import RunningServer
+from tests.grpc_support import MAX_MESSAGE, InferenceStub, inference_stub, raw_request, wait_for_log
+from tests.servers import RunningServer
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from ..grpc_support import InferenceStub, inference_stub, raw_request
-from ..servers import RunningServer
+from tests.grpc_support import InferenceStub, inference_stub, raw_request
+from tests.servers import RunningServer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The gRPC transport's table of core errors to status codes (``runtime.grpc.status_codes``), as
+"""The gRPC transport's table of core errors to status codes (``runtime.frontends.grpc.status_codes``), as
 SEQUENCES.md's status table and ``runtime.errors``' tree give them."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import grpc
 import pytest
 
 from runtime import errors
-from runtime.grpc.status_codes import MAX_MESSAGE, RETRY_AFTER, code_of, status_message, trailers_of
+from runtime.frontends.grpc.status_codes import MAX_MESSAGE, RETRY_AFTER, code_of, status_message, trailers_of
 
-from ..rest.test_status import EXPECTED as HTTP_STATUS
-from ..rest.test_status import every_error_class, example
+from tests.frontends.rest.test_status import EXPECTED as HTTP_STATUS
+from tests.frontends.rest.test_status import every_error_class, example
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
-from ..grpc_support import raw_request
-from ..servers import serving
-from .test_stream_rpc import COUNTER, counted, stream_call
+from tests.grpc_support import raw_request
+from tests.servers import serving
+from tests.frontends.grpc.test_stream_rpc import COUNTER, counted, stream_call
 
 pytestmark = pytest.mark.anyio
 

@@ -16,15 +16,15 @@ import grpc
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.server import Server
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
-from runtime.streams.client_streams import EACH_BUFFER
+from runtime.core.client_streams import EACH_BUFFER
 
-from ..grpc_support import inference_stub, raw_request
-from ..servers import RunningServer, serving
-from ..stream_models import Counter, Endless, Words
+from tests.grpc_support import inference_stub, raw_request
+from tests.servers import RunningServer, serving
+from tests.stream_models import Counter, Endless, Words
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,8 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from ..grpc_support import serving_copy, wait_for_log
-from ..servers import RunningServer
+from tests.grpc_support import serving_copy, wait_for_log
+from tests.servers import RunningServer
 
 
 @pytest.fixture(scope="module")

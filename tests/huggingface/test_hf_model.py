@@ -15,13 +15,13 @@ import numpy as np
 import orjson
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.server import Server
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 
-from ..servers import serving
-from .tiny_llm import reference, tokenize
+from tests.servers import serving
+from tests.huggingface.tiny_llm import reference, tokenize
 
 pytestmark = pytest.mark.anyio
 

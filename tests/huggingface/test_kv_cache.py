@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .tiny_llm import reference, sentences, tokenize
+from tests.huggingface.tiny_llm import reference, sentences, tokenize
 
 torch = pytest.importorskip("torch", reason="the Hugging Face runtime needs torch")
 

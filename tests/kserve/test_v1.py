@@ -12,8 +12,8 @@ import pytest
 
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..models import zoo
+from tests.conftest import InProcess
+from tests.models import zoo
 
 pytestmark = pytest.mark.anyio
 

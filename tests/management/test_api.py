@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.management import Management, ManagementKey, create_management_app
-from runtime.registry import Registry
+from runtime.frontends.management import Management, ManagementKey, create_management_app
+from runtime.core.registry import Registry
 from runtime.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -182,7 +182,7 @@ async def test_unknown_paths_and_methods(admin: Admin) -> None:
 
 
 def test_a_real_server_serves_management_on_its_own_port_with_a_key(tmp_path: Path) -> None:
-    from ..servers import start_server
+    from tests.servers import start_server
 
     repo = tmp_path / "repo"
     model_folder(repo, "echo")

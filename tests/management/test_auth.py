@@ -1,11 +1,11 @@
-"""The management API's key (``runtime.management.auth``): which headers carry it, and its file."""
+"""The management API's key (``runtime.core.management_key``): which headers carry it, and its file."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 
-from runtime.management.auth import ManagementKey
+from runtime.core.management_key import ManagementKey
 
 
 def test_only_a_bearer_header_with_the_key_is_allowed(tmp_path: Path) -> None:

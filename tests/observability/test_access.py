@@ -1,4 +1,4 @@
-"""What the transports' entry reads from a request (``runtime.observability.access``): the trace
+"""What the transports' entry reads from a request (``runtime.frontends.telemetry.access``): the trace
 id of a ``traceparent`` and the route template that labels the request."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from runtime.observability.access import UNMATCHED, route_of, trace_id_of
+from runtime.frontends.telemetry.access import UNMATCHED, route_of, trace_id_of
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""A process's exact counts (``runtime.observability.counts``): histograms, snapshots, and the sum
+"""A process's exact counts (``runtime.telemetry.counts``): histograms, snapshots, and the sum
 of several processes' snapshots."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from runtime.observability.counts import DURATION_BUCKETS, Histogram, Recorder, merge
+from runtime.telemetry.counts import DURATION_BUCKETS, Histogram, Recorder, merge
 
 
 def test_a_histogram_counts_a_value_in_the_first_bucket_it_does_not_exceed() -> None:

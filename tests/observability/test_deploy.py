@@ -16,7 +16,7 @@ import yaml
 from runtime.cli import build_parser
 from runtime.settings import ENV_PREFIX, MODEL_ENV_PARAMETERS, MODEL_ENV_PREFIX, ModelSettings, Settings
 
-from ..servers import ROOT, start_server
+from tests.servers import ROOT, start_server
 
 KSERVE = ROOT / "deploy" / "kserve"
 KSERVE_MODEL_DIR = "/mnt/models"  # where KServe's storage initializer puts the model

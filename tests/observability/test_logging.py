@@ -1,4 +1,4 @@
-"""Structured logs (``runtime.observability.logging``): one JSON object per line."""
+"""Structured logs (``runtime.telemetry.logging``): one JSON object per line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from runtime.observability.logging import JsonFormatter
+from runtime.telemetry.logging import JsonFormatter
 
 
 def _record(**fields: object) -> logging.LogRecord:

@@ -15,18 +15,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from httpx_sse import aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
-from runtime.observability.counts import Recorder, merge
-from runtime.observability.logging import JsonFormatter
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
+from runtime.telemetry.counts import Recorder, merge
+from runtime.telemetry.logging import JsonFormatter
 from runtime.settings import ModelSettings
 
-from ..adaptive_helpers import body as rows_body
-from ..adaptive_helpers import row_settings, until
-from ..models import zoo
-from ..models.seqzoo import Recorder as SequenceRecorder
-from ..sequencing import body as seq_body
-from ..servers import serving
+from tests.adaptive_helpers import body as rows_body
+from tests.adaptive_helpers import row_settings, until
+from tests.models import zoo
+from tests.models.seqzoo import Recorder as SequenceRecorder
+from tests.sequencing import body as seq_body
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -330,7 +330,7 @@ async def test_access_log_lines_are_json_with_every_field(access_lines: list[str
 def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any, how: str) -> None:
     """The real CLI with structured logging and the access log on (by flags, by settings.json, or
     by MLServer's environment variables): every stderr line is JSON."""
-    from ..servers import start_server
+    from tests.servers import start_server
 
     (tmp_path / "echo").mkdir()
     (tmp_path / "echo" / "model-settings.json").write_text(
@@ -363,7 +363,7 @@ def test_structured_logging_writes_one_json_object_per_line(tmp_path: Any, how: 
 
 
 async def test_streams_the_client_leaves_are_counted_as_cancelled() -> None:
-    from ..stream_models import Endless
+    from tests.stream_models import Endless
 
     async with serving(ModelSettings(name="endless", implementation=Endless)) as server:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)

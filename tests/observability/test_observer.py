@@ -1,4 +1,4 @@
-"""What the DataPlane tells the metrics (``runtime.observability.observer``): requests counted per
+"""What the DataPlane tells the metrics (``runtime.core.observer``): requests counted per
 model version, 503s by reason, streams and their cancellations (tracing off)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import cast
 import pytest
 
 from runtime import errors
-from runtime.observability.counts import Recorder
-from runtime.observability.observer import Observer, rejection
-from runtime.registry import ModelEntry, Registry
+from runtime.telemetry.counts import Recorder
+from runtime.core.observer import Observer, rejection
+from runtime.core.registry import ModelEntry, Registry
 from runtime.settings import ModelParameters, ModelSettings
 
 

@@ -1,8 +1,8 @@
-"""A scheduler's counts of its model executions (``runtime.observability.stats``)."""
+"""A scheduler's counts of its model executions (``runtime.telemetry.stats``)."""
 
 from __future__ import annotations
 
-from runtime.observability.stats import ExecutionStats
+from runtime.telemetry.stats import ExecutionStats
 
 
 def test_each_execution_counts_its_requests_waits_and_model_time_per_request() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.observability.tokens import E2E_BUCKETS, TTFT_BUCKETS, TokenStats
+from runtime.server.observability.tokens import E2E_BUCKETS, TTFT_BUCKETS, TokenStats
 
 
 def test_counts_and_histograms() -> None:

@@ -18,18 +18,18 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.model import MLModel
-from runtime.observability import tracing
-from runtime.observability.logging import JsonFormatter
+from runtime.server.observability import tracing
+from runtime.telemetry.logging import JsonFormatter
 from runtime.settings import ModelSettings, Settings
 from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
-from ..adaptive_helpers import body as rows_body
-from ..adaptive_helpers import row_settings
-from ..models import zoo
-from ..servers import serving
+from tests.adaptive_helpers import body as rows_body
+from tests.adaptive_helpers import row_settings
+from tests.models import zoo
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,7 @@ def test_the_core_does_not_import_opentelemetry() -> None:
     import sys
 
     code = (
-        "import sys, runtime.server, runtime.dataplane; "
+        "import sys, runtime.server.serving, runtime.core.dataplane; "
         "print([m for m in sys.modules if m.startswith('opentelemetry')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -14,8 +14,8 @@ import pytest
 
 from runtime.settings import ModelParameters, ModelSettings, Settings
 
-from ..conftest import InProcess
-from ..models import zoo
+from tests.conftest import InProcess
+from tests.models import zoo
 
 pytestmark = pytest.mark.anyio
 

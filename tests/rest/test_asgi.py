@@ -9,11 +9,11 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from runtime.rest.asgi import RestApp
+from runtime.server.rest_app import RestApp
 from runtime.settings import ModelParameters, ModelSettings
 
-from ..conftest import InProcess
-from ..models import zoo
+from tests.conftest import InProcess
+from tests.models import zoo
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The REST wire format (``runtime.rest.codec``): JSON bodies and the binary tensor data extension."""
+"""The REST wire format (``runtime.frontends.rest.codec``): JSON bodies and the binary tensor data extension."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.rest import codec
-from runtime.rest.codec import encode_response, parse_json, parse_request, split_body
+from runtime.frontends.rest import codec
+from runtime.frontends.rest.codec import encode_response, parse_json, parse_request, split_body
 from runtime.tensors import to_json_data
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput, UInt64
 

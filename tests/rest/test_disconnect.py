@@ -1,4 +1,4 @@
-"""Cancelling a request's work when its HTTP client goes away (``runtime.rest.disconnect``)."""
+"""Cancelling a request's work when its HTTP client goes away (``runtime.frontends.rest.disconnect``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from runtime.errors import Cancelled
-from runtime.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +66,7 @@ async def test_a_cancellation_the_client_did_not_cause_goes_on_unchanged() -> No
 
 
 async def test_only_work_still_waiting_after_the_first_ticks_gets_a_watcher_and_the_timer_stops() -> None:
-    from runtime.rest import disconnect
+    from runtime.frontends.rest import disconnect
 
     receives: list[int] = []
 
@@ -116,7 +116,7 @@ async def test_a_watcher_leaves_no_reference_cycle_for_the_collector() -> None:
     the stopped watcher task must not hold its watcher through its CancelledError's traceback."""
     import gc
 
-    from runtime.rest.disconnect import _Watcher
+    from runtime.frontends.rest.disconnect import _Watcher
 
     async def work() -> str:
         await asyncio.sleep(0.02)  # past the moment the watcher starts

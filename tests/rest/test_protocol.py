@@ -13,8 +13,8 @@ import pytest
 
 from runtime.settings import Settings
 
-from ..conftest import TEST_MODELS
-from ..servers import RunningServer, start_server
+from tests.conftest import TEST_MODELS
+from tests.servers import RunningServer, start_server
 
 LIMIT = 8192
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.rest.protocol import _HeadWithBody
+from runtime.frontends.rest.protocol import _HeadWithBody
 
 
 class Transport:

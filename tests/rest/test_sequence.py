@@ -1,4 +1,4 @@
-"""TorchServe's sequence headers on REST (``runtime.rest.sequence``): read into a request's
+"""TorchServe's sequence headers on REST (``runtime.frontends.rest.sequence``): read into a request's
 sequence parameters, and echoed on a sequence's responses."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.rest.sequence import raw_sequence_headers, read_sequence_headers, sequence_headers
+from runtime.frontends.rest.sequence import raw_sequence_headers, read_sequence_headers, sequence_headers
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 

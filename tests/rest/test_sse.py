@@ -11,8 +11,8 @@ from httpx_sse import ServerSentEvent, aconnect_sse
 
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..stream_models import Counter, Words
+from tests.conftest import InProcess
+from tests.stream_models import Counter, Words
 
 pytestmark = pytest.mark.anyio
 

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from httpx_sse import aconnect_sse
 
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 
-from ..servers import RunningServer, serving
-from ..stream_models import Endless
+from tests.servers import RunningServer, serving
+from tests.stream_models import Endless
 
 pytestmark = pytest.mark.anyio
 

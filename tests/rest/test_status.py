@@ -1,4 +1,4 @@
-"""The REST transport's table of core errors to HTTP statuses (``runtime.rest.status``), as
+"""The REST transport's table of core errors to HTTP statuses (``runtime.frontends.rest.status``), as
 SEQUENCES.md's status table and ``runtime.errors``' tree give them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime import errors
-from runtime.rest.status import RETRY_AFTER, headers_of, status_of
+from runtime.frontends.rest.status import RETRY_AFTER, headers_of, status_of
 
 EXPECTED: dict[type[errors.ServerError], int] = {
     errors.ServerError: 500,
@@ -14,7 +14,7 @@ EXPECTED: dict[type[errors.ServerError], int] = {
     errors.SequenceError: 400,
     errors.SequenceNotOpen: 400,
     errors.PayloadTooLarge: 413,
-    errors.Conflict: 400,  # 409 on the management API only (runtime.torchserve.error_body)
+    errors.Conflict: 400,  # 409 on the management API only (runtime.frontends.torchserve.error_body)
     errors.Forbidden: 400,  # 403 there
     errors.ModelNotFound: 404,
     errors.Unavailable: 503,

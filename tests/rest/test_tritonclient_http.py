@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from ..servers import RunningServer
+from tests.servers import RunningServer
 
 
 @pytest.fixture(scope="module")

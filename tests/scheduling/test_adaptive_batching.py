@@ -15,7 +15,7 @@ from runtime.scheduling import AdaptiveScheduler, DirectScheduler
 from runtime.settings import ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, ResponseOutput
 
-from ..adaptive_helpers import (
+from tests.adaptive_helpers import (
     body,
     infer_task,
     model_of,
@@ -25,7 +25,7 @@ from ..adaptive_helpers import (
     row_settings,
     scheduler_of,
 )
-from ..conftest import InProcess
+from tests.conftest import InProcess
 
 pytestmark = pytest.mark.anyio
 

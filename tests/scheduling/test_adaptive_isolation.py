@@ -8,7 +8,7 @@ import pytest
 
 from runtime.errors import ModelFailed
 
-from ..adaptive_helpers import (
+from tests.adaptive_helpers import (
     body,
     infer_task,
     model_of,
@@ -19,7 +19,7 @@ from ..adaptive_helpers import (
     scheduler_of,
     until,
 )
-from ..conftest import InProcess
+from tests.conftest import InProcess
 
 pytestmark = pytest.mark.anyio
 

@@ -13,9 +13,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..adaptive_helpers import body
-from ..conftest import TEST_MODELS
-from ..servers import RunningServer, start_server
+from tests.adaptive_helpers import body
+from tests.conftest import TEST_MODELS
+from tests.servers import RunningServer, start_server
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Generation 0's threshold while batchers run (``runtime.scheduling.collector``)."""
+"""Generation 0's threshold while batchers run (``runtime.scheduling.gc_threshold``)."""
 
 from __future__ import annotations
 

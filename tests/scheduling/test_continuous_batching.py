@@ -15,8 +15,8 @@ from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, Parameters
 
-from ..conftest import InProcess
-from ..continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
+from tests.conftest import InProcess
+from tests.continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
 
 pytestmark = pytest.mark.anyio
 

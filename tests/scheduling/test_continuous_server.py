@@ -22,10 +22,10 @@ import pytest
 import tritonclient.grpc as triton
 from httpx_sse import aconnect_sse
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from ..servers import RunningServer, start_server
+from tests.servers import RunningServer, start_server
 
 pytestmark = pytest.mark.anyio
 

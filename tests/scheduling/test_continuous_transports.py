@@ -15,15 +15,15 @@ import grpc
 import httpx
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.scheduling import ContinuousScheduler
-from runtime.server import Server
+from runtime.server.serving import Server
 
-from ..continuous_helpers import ticker_settings
-from ..continuous_models import Ticker
-from ..servers import serving
-from .test_continuous_server import Sse
+from tests.continuous_helpers import ticker_settings
+from tests.continuous_models import Ticker
+from tests.servers import serving
+from tests.scheduling.test_continuous_server import Sse
 
 pytestmark = pytest.mark.anyio
 

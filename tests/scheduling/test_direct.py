@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
-from ..grpc_support import inference_stub, raw_request
-from ..servers import RunningServer, start_server
+from tests.grpc_support import inference_stub, raw_request
+from tests.servers import RunningServer, start_server
 
 LIMITS = Path(__file__).resolve().parents[1] / "models" / "limits"
 
@@ -144,7 +144,7 @@ def test_max_queue_size_bounds_the_requests_in_a_model_without_batching(server: 
 
 def test_every_front_ends_try_later_503_carries_retry_after(server: RunningServer) -> None:
     """TorchServe's REST and gRPC inference APIs and KServe V1 say "try later" as OIP does."""
-    from runtime.grpc.generated import ts_inference_pb2, ts_inference_pb2_grpc
+    from runtime.frontends.grpc.generated import ts_inference_pb2, ts_inference_pb2_grpc
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(post, server, "bounded", body(31, timeout=10_000_000))  # outlasts a busy machine

@@ -11,9 +11,9 @@ from runtime.errors import Cancelled, Overloaded, SequenceError
 from runtime.scheduling import ContinuousScheduler
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..continuous_helpers import Client, extra, request, ticks, turns_until
-from ..continuous_models import SequenceTicker
+from tests.conftest import InProcess
+from tests.continuous_helpers import Client, extra, request, ticks, turns_until
+from tests.continuous_models import SequenceTicker
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,8 @@ import pytest
 
 from runtime.types import InferenceRequest, Parameters, RequestInput
 
-from ..conftest import InProcess
-from ..sequencing import history, scheduler, serve, step, total, until
+from tests.conftest import InProcess
+from tests.sequencing import history, scheduler, serve, step, total, until
 
 pytestmark = pytest.mark.anyio
 

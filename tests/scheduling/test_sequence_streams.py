@@ -13,8 +13,8 @@ import pytest
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput
 
-from ..conftest import InProcess
-from ..sequencing import scheduler, serve, until
+from tests.conftest import InProcess
+from tests.sequencing import scheduler, serve, until
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runtime.errors import Cancelled, Overloaded, SequenceError
-from runtime.scheduling.batch_strategy import OneInFlight
+from runtime.scheduling.one_in_flight import OneInFlight
 from runtime.sequences.engine import STORED, SequenceEngine
 from runtime.sequences.identity import SequenceControl
 from runtime.sequences.lifecycle import Pending, Sequence

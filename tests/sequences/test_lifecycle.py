@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ..conftest import InProcess
-from ..models.seqzoo import StatelessToo
-from ..sequencing import body, history, scheduler, serve, step, total, until
+from tests.conftest import InProcess
+from tests.models.seqzoo import StatelessToo
+from tests.sequencing import body, history, scheduler, serve, step, total, until
 
 pytestmark = pytest.mark.anyio
 

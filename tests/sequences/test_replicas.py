@@ -12,8 +12,8 @@ import pytest
 from runtime.sequences.redis_store import RedisStateStore
 from runtime.sequences.store import Commit
 
-from ..conftest import InProcess
-from ..sequencing import scheduler, serve, step, total
+from tests.conftest import InProcess
+from tests.sequencing import scheduler, serve, step, total
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +69,7 @@ async def test_malformed_step_numbers_are_refused(inprocess: InProcess) -> None:
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    from ..external import redis_server
+    from tests.external import redis_server
 
     with redis_server() as url:
         yield url
@@ -298,7 +298,7 @@ async def test_a_server_made_id_may_be_routed_anywhere_after_its_start(redis_url
 
 
 async def test_redis_out_of_reach_is_a_503_and_the_model_serves_on() -> None:
-    from ..external import free_port
+    from tests.external import free_port
 
     server = InProcess()
     await serve(server, sequence_store=f"redis://127.0.0.1:{free_port()}/0")

@@ -16,16 +16,16 @@ from runtime.scheduling import ContinuousScheduler
 from runtime.sequences.redis_store import RedisStateStore
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..continuous_helpers import Client, extra
-from ..continuous_models import SequenceTicker
+from tests.conftest import InProcess
+from tests.continuous_helpers import Client, extra
+from tests.continuous_models import SequenceTicker
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    from ..external import redis_server
+    from tests.external import redis_server
 
     with redis_server() as url:
         yield url

@@ -26,11 +26,11 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from ..conftest import TEST_MODELS
-from ..external import free_port, haproxy, nginx, redis_server
-from ..servers import ROOT, RunningServer, start_server
+from tests.conftest import TEST_MODELS
+from tests.external import free_port, haproxy, nginx, redis_server
+from tests.servers import ROOT, RunningServer, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -244,7 +244,7 @@ async def test_a_draining_replica_finishes_the_step_it_runs_and_releases_its_seq
 
 def grpc_step(x: int, start: bool = False) -> Any:
     """A gRPC ModelInfer request of one counter step (its sequence fields go in metadata)."""
-    from runtime.grpc.generated import dataplane_pb2 as pb
+    from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
     made = pb.ModelInferRequest(model_name="counter")
     made.inputs.add(name="x", datatype="INT64", shape=[1])
@@ -322,7 +322,7 @@ def test_the_shipped_configs_route_grpc_by_the_sequence_metadata(redis_url: str,
 
 def test_the_shipped_proxy_configs_are_valid() -> None:
     """haproxy -c on the shipped config; nginx -t on the nginx one (skipped where nginx is absent)."""
-    from ..external import HAPROXY_CONFIG, binary
+    from tests.external import HAPROXY_CONFIG, binary
 
     checked = subprocess.run(
         [binary("haproxy"), "-c", "-f", str(HAPROXY_CONFIG)], capture_output=True, text=True

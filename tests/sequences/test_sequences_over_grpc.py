@@ -15,12 +15,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from runtime.grpc.generated import dataplane_pb2 as pb
-from runtime.grpc.generated import dataplane_pb2_grpc
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-from ..conftest import TEST_MODELS
-from ..grpc_support import InferenceStub
-from ..servers import RunningServer, start_server
+from tests.conftest import TEST_MODELS
+from tests.grpc_support import InferenceStub
+from tests.servers import RunningServer, start_server
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from ..conftest import TEST_MODELS
-from ..servers import RunningServer, start_server
+from tests.conftest import TEST_MODELS
+from tests.servers import RunningServer, start_server
 
 
 @pytest.fixture(scope="module")

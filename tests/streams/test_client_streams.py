@@ -1,4 +1,4 @@
-"""Client streams whose requests each name their model (runtime.streams.client_streams), in process, without gRPC."""
+"""Client streams whose requests each name their model (runtime.core.client_streams), in process, without gRPC."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from runtime import MLModel
 from runtime.errors import InvalidInput
 from runtime.settings import ModelSettings
-from runtime.streams.client_streams import Reply, Routed
+from runtime.core.client_streams import Reply, Routed
 from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
-from ..conftest import InProcess
-from ..stream_models import Counter, Endless, Words
+from tests.conftest import InProcess
+from tests.stream_models import Counter, Endless, Words
 
 pytestmark = pytest.mark.anyio
 

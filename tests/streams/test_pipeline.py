@@ -15,8 +15,8 @@ from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, RequestOutput, ResponseOutput
 
-from ..conftest import InProcess
-from ..stream_models import Counter, Endless, Spinner
+from tests.conftest import InProcess
+from tests.stream_models import Counter, Endless, Spinner
 
 T = TypeVar("T")
 

@@ -29,9 +29,9 @@ from runtime.settings import ModelSettings
 from runtime.torch import TorchModel
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
 
-from ..conftest import InProcess
-from ..servers import RunningServer, start_server
-from ..torch_helpers import build_repository, inputs_for, own_forward, own_module, settings_of
+from tests.conftest import InProcess
+from tests.servers import RunningServer, start_server
+from tests.torch_helpers import build_repository, inputs_for, own_forward, own_module, settings_of
 
 LSTM = "lstm-torchscript"
 MLP = "mlp-export"

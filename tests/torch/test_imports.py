@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from ..conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT
 
 SCRIPT = textwrap.dedent(
     """
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
         return sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 
     found = {}
-    import runtime, runtime.cli, runtime.server
+    import runtime, runtime.cli, runtime.server.serving
     found["import runtime"] = torch_modules()
 
     import runtime.torch
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     TorchSettings(device="cpu")
     found["runtime.torch settings"] = torch_modules()
 
-    from runtime.server import Server
+    from runtime.server.serving import Server
     from runtime.settings import Settings
     from runtime.types import InferenceRequest, RequestInput
 

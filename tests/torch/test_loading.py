@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from runtime.errors import InvalidInput, ModelFailed
-from runtime.registry import Registry
+from runtime.core.registry import Registry
 from runtime.settings import ModelSettings
 from runtime.tensors import dtype_of
 from runtime.torch import TensorSpec, TorchRunner, TorchSettings

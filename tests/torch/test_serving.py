@@ -17,11 +17,11 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 
-from runtime.grpc.generated import dataplane_pb2 as pb
+from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 
-from ..grpc_support import inference_stub, raw_request
-from ..servers import RunningServer, start_server
-from ..torch_helpers import MODELS, OUTPUTS, build_repository, inputs_for, own_forward, own_module
+from tests.grpc_support import inference_stub, raw_request
+from tests.servers import RunningServer, start_server
+from tests.torch_helpers import MODELS, OUTPUTS, build_repository, inputs_for, own_forward, own_module
 
 
 @pytest.fixture(scope="session")

@@ -32,9 +32,9 @@ from torch import nn
 
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..servers import RunningServer, start_server
-from ..torch_helpers import build_repository, settings_of
+from tests.conftest import InProcess
+from tests.servers import RunningServer, start_server
+from tests.torch_helpers import build_repository, settings_of
 
 HIDDEN = 32
 OUTPUT_NAMES = ("next_token", "logits", "h", "c")

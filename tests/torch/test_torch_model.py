@@ -17,8 +17,8 @@ from runtime.settings import ModelSettings
 from runtime.torch import TorchModel
 from runtime.types import Datatype, InferenceRequest, RequestInput
 
-from ..conftest import InProcess
-from ..torch_helpers import (
+from tests.conftest import InProcess
+from tests.torch_helpers import (
     binary_body,
     build_repository,
     inputs_for,

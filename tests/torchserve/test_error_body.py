@@ -1,5 +1,5 @@
 """TorchServe's error body ``{"code", "type", "message"}`` and its gRPC codes
-(``runtime.torchserve.error_body``)."""
+(``runtime.frontends.torchserve.error_body``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from runtime import errors
-from runtime.torchserve.error_body import NO_WORKER, describe, grpc_code
+from runtime.frontends.torchserve.error_body import NO_WORKER, describe, grpc_code
 from runtime.torchserve.handler import HandlerFailed
 
 

@@ -1,4 +1,4 @@
-"""What TorchServe's front ends share (``runtime.torchserve.frontend``): a request from entries,
+"""What TorchServe's front ends share (``runtime.frontends.torchserve.frontend``): a request from entries,
 headers and a sequence id, and which models answer as a stream."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from runtime.settings import ModelSettings
 from runtime.torchserve import PLATFORM
-from runtime.torchserve.frontend import FrontEnd, is_handler, streamed
+from runtime.frontends.torchserve.frontend import FrontEnd, is_handler, streamed
 from runtime.torchserve.payload import META, Entry
 from runtime.types import InferenceRequest
 

@@ -11,8 +11,8 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 
 from runtime.repository import read_repository
 
-from ..conftest import InProcess
-from .test_rest_api import archive
+from tests.conftest import InProcess
+from tests.frontends.torchserve.test_rest_api import archive
 
 pytestmark = pytest.mark.anyio
 

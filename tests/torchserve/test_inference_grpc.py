@@ -1,6 +1,6 @@
 """TorchServe's gRPC inference API on the server's gRPC port, driven by clients made from
 TorchServe's .proto files: the command-line client (stubs generated as TorchServe's documents
-say, in a tmp dir) and the stubs checked in under runtime/grpc/generated."""
+say, in a tmp dir) and the stubs checked in under runtime/frontends/grpc/generated."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from google.rpc import error_details_pb2
 
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
-from runtime.grpc.generated import ts_inference_pb2 as pb
-from runtime.grpc.generated import ts_inference_pb2_grpc as pb_grpc
-from runtime.grpc.generated import ts_management_pb2 as mpb
-from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
+from runtime.frontends.grpc.generated import ts_inference_pb2 as pb
+from runtime.frontends.grpc.generated import ts_inference_pb2_grpc as pb_grpc
+from runtime.frontends.grpc.generated import ts_management_pb2 as mpb
+from runtime.frontends.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
-from ..servers import RunningServer, start_server
-from .archiver import run_model_archiver
+from tests.servers import RunningServer, start_server
+from tests.torchserve.archiver import run_model_archiver
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "torchserve"

@@ -19,9 +19,9 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 from runtime.repository import read_repository
 from runtime.settings import ModelSettings
 
-from ..conftest import InProcess
-from ..models import zoo
-from .test_rest_api import archive
+from tests.conftest import InProcess
+from tests.models import zoo
+from tests.frontends.torchserve.test_rest_api import archive
 
 pytestmark = pytest.mark.anyio
 

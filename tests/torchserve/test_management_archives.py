@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
-from runtime.grpc.generated import ts_management_pb2 as mpb
-from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
+from runtime.frontends.grpc.generated import ts_management_pb2 as mpb
+from runtime.frontends.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
-from ..servers import serving
-from .archiver import run_model_archiver
+from tests.servers import serving
+from tests.torchserve.archiver import run_model_archiver
 
 pytestmark = pytest.mark.anyio
 

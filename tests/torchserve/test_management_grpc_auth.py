@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from runtime.cli import build_parser, settings_from_args
-from runtime.grpc.generated import ts_management_pb2 as mpb
-from runtime.grpc.generated import ts_management_pb2_grpc as mpb_grpc
+from runtime.frontends.grpc.generated import ts_management_pb2 as mpb
+from runtime.frontends.grpc.generated import ts_management_pb2_grpc as mpb_grpc
 
-from ..servers import serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

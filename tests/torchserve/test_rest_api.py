@@ -17,8 +17,8 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 from runtime.repository import read_repository
 from runtime.torchserve.archive import archive_settings
 
-from ..conftest import InProcess
-from .archiver import run_model_archiver
+from tests.conftest import InProcess
+from tests.torchserve.archiver import run_model_archiver
 
 pytestmark = pytest.mark.anyio
 
@@ -156,10 +156,10 @@ def test_torchserve_archiver_is_available() -> None:
 async def test_predictions_are_counted_by_route_and_status_without_a_wrapper(tmp_path: Path) -> None:
     """With the metrics alone on, /predictions goes straight to its handler (as OIP infer does) and
     is counted there, by route template and status; a path with more segments goes through the router."""
-    from runtime.dataplane import DataPlane
-    from runtime.observability import Observability
-    from runtime.registry import Registry
-    from runtime.rest import create_app
+    from runtime.core.dataplane import DataPlane
+    from runtime.server.observability import Observability
+    from runtime.core.registry import Registry
+    from runtime.frontends.rest import create_app
     from runtime.settings import Settings
 
     store = tmp_path / "store"

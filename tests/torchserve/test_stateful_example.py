@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
-from ..servers import RunningServer, start_server
-from .archiver import run_model_archiver
+from tests.servers import RunningServer, start_server
+from tests.torchserve.archiver import run_model_archiver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchserve" / "stateful"
 SEQ_ID = "ts_request_sequence_id"

@@ -23,7 +23,7 @@ from runtime.workers import HeldState, WorkerStartTimeout
 from runtime.workers.connection import decode
 from runtime.workers.wire import encode
 
-from ..sequencing import until
+from tests.sequencing import until
 
 pytestmark = pytest.mark.anyio
 

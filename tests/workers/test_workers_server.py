@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.scheduling.worker_executor import WorkerExecutor
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 
-from ..sequencing import until
-from ..servers import serving, start_server
+from tests.sequencing import until
+from tests.servers import serving, start_server
 
 pytestmark = pytest.mark.anyio
 

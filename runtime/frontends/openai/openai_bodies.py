@@ -31,9 +31,9 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from ...errors import InvalidInput, ModelNotFound, ServerError
-from ...tensors import output_array
-from ...types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
+from runtime.errors import InvalidInput, ModelNotFound, ServerError
+from runtime.tensors import output_array
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, RequestInput
 
 Kind = Literal["completion", "chat"]
 

@@ -2,7 +2,7 @@
 
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, and under
 ``/openai/v1`` those and ``GET /openai/v1/models[/{model}]`` (``GET /v1/models`` is KServe V1's
-route, whose one answer serves both protocols' clients: ``runtime.kserve.v1``). Each request is
+route, whose one answer serves both protocols' clients: ``runtime.frontends.kserve.v1``). Each request is
 translated (:mod:`.openai_bodies`) onto the DataPlane: a choice that does not stream is
 ``DataPlane.infer``, one that streams is ``DataPlane.infer_stream``, the same calls as OIP's
 ``generate`` and ``generate_stream``, through the same scheduler and stream pipeline.
@@ -11,7 +11,7 @@ Streams are Server-Sent Events: one ``data:`` chunk per model chunk, then the us
 ``stream_options.include_usage``) and ``data: [DONE]``. An error before the first chunk is
 answered with its status; after it, as a ``data: {"error": {...}}`` event, and the stream ends.
 A client that goes away cancels its streams: the scheduler drops them before its next step and
-frees their slots (``runtime.rest.sse``). Errors are OpenAI's ``{"error": {"message", "type",
+frees their slots (``runtime.frontends.rest.sse``). Errors are OpenAI's ``{"error": {"message", "type",
 "param", "code"}}``, with the status of the REST transport's table.
 """
 
@@ -27,15 +27,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...dataplane import DataPlane
-from ...errors import ServerError
-from ...rest.app import read_body
-from ...rest.disconnect import cancel_on_disconnect
-from ...rest.sse import message_event, sse_response
-from ...rest.status import headers_of, status_of
-from ...streams.pipeline import one
-from ...types import InferenceResponse
-from .openai_bodies import (
+from runtime.core.dataplane import DataPlane
+from runtime.errors import ServerError
+from runtime.frontends.rest.app import read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.sse import message_event, sse_response
+from runtime.frontends.rest.status import headers_of, status_of
+from runtime.streams.pipeline import one
+from runtime.types import InferenceResponse
+from runtime.frontends.openai.openai_bodies import (
     Chunks,
     Plan,
     answer,

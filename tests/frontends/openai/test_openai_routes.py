@@ -14,11 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
-from runtime.server import Server
+from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 
-from ...huggingface.tiny_llm import reference, sentences, tokenize
-from ...servers import serving
+from tests.huggingface.tiny_llm import reference, sentences, tokenize
+from tests.servers import serving
 
 openai = pytest.importorskip("openai", reason="the OpenAI front end's tests drive the official openai client")
 
