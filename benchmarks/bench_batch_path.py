@@ -1,7 +1,7 @@
 """The batchers' own cost per request, in process, without HTTP: what the ``torch`` and ``sequence``
 rows of ``python3 -m benchmarks`` pay between the transport and the model.
 
-    python3 benchmarks/bench_batch_path.py adaptive|sequence [--requests N] [--instructions | --profile]
+    python3 benchmarks/bench_batch_path.py adaptive|sequence|sequence-stream [--requests N] [--instructions | --profile]
 
 - ``adaptive``: 64 callers, each sending one FP32 [1, 256] row at a time (as the REST transport
   hands it over, a checked numpy array) to an adaptive batcher (max 32 rows, 2 ms, one batch at a
@@ -10,6 +10,9 @@ rows of ``python3 -m benchmarks`` pay between the transport and the model.
 - ``sequence``: 128 running-sum sequences (``benchmarks/models/running-sum``), each sending its
   steps one at a time with the sequence id in TorchServe's header (read as the REST transport
   reads it), to a sequence batcher of at most 128 steps and no wait.
+- ``sequence-stream``: the same sequences' steps, but all on one stream (``scheduler.stream``, as a
+  gRPC ModelStreamInfer call carrying them arrives), taking turns; the stream reads them ahead
+  (``runtime.streams.window``) so that they share batches, and answers them in order.
 
 It prints the process's CPU time per request; ``--instructions`` runs itself under valgrind's
 callgrind, counting only the requests (not start-up), and prints instructions per request, a
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +44,8 @@ CHECKOUT = Path(os.environ.get("BENCH_CHECKOUT", ROOT)).resolve()
 """The checkout whose ``runtime`` is measured (``BENCH_CHECKOUT=DIR``: another one, e.g. a baseline)."""
 sys.path.insert(0, str(CHECKOUT))
 
-from runtime.model import MLModel  # noqa: E402
 from runtime.frontends.rest.sequence import read_sequence_headers  # noqa: E402
+from runtime.model import MLModel  # noqa: E402
 from runtime.settings import ModelSettings  # noqa: E402
 from runtime.types import (  # noqa: E402
     Datatype,
@@ -121,6 +124,44 @@ async def _sequence(requests: int, counted: Callable[[bool], None]) -> None:
     await scheduler.stop()
 
 
+async def _sequence_stream(requests: int, counted: Callable[[bool], None]) -> None:
+    from runtime.scheduling.sequence_batching import SequenceScheduler
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "models" / "running-sum"))
+    from model import RunningSum
+
+    settings = ModelSettings.model_validate_json(
+        (ROOT / "benchmarks" / "models" / "running-sum" / "model-settings.json").read_text()
+    )
+    scheduler = SequenceScheduler(RunningSum(settings), settings)
+    await scheduler.start()
+    one = np.ones((1,), dtype=np.int64)
+    started: set[int] = set()
+
+    async def steps(total: int) -> AsyncIterator[InferenceRequest]:
+        for k in range(total):
+            i = k % SEQUENCES
+            request = InferenceRequest(
+                id=str(k), inputs=[RequestInput(name="x", shape=[1], datatype=Datatype.INT64, data=one)]
+            )
+            headers = [(b"host", b"127.0.0.1"), (b"ts_request_sequence_id", f"s{i}".encode())]
+            if i not in started:
+                started.add(i)
+                headers.append((b"ts_request_sequence_start", b"true"))
+            read_sequence_headers(request, headers)
+            yield request
+
+    for total, on in ((WARM_UP, False), (requests, True)):
+        counted(on)
+        answered = 0
+        async for response in scheduler.stream(steps(total)):
+            assert isinstance(response, InferenceResponse) and response.outputs, response
+            answered += 1
+        assert answered == total, answered
+        counted(False)
+    await scheduler.stop()
+
+
 async def _clients(
     requests: int,
     clients: int,
@@ -164,7 +205,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("path", choices=["adaptive", "sequence"])
+    parser.add_argument("path", choices=["adaptive", "sequence", "sequence-stream"])
     parser.add_argument("--requests", type=int, default=20000)
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--instructions", action="store_true", help="count instructions per request (callgrind)")
@@ -172,7 +213,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25, help="--profile: functions shown")
     parser.add_argument("--under-callgrind", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    run = _adaptive if args.path == "adaptive" else _sequence
+    run = {"adaptive": _adaptive, "sequence": _sequence, "sequence-stream": _sequence_stream}[args.path]
     if args.instructions:
         with tempfile.TemporaryDirectory() as tmp:
             command = [

@@ -54,8 +54,8 @@ from benchmarks.loadgen import (  # noqa: E402
     run_grpc_load,
 )
 from runtime.core.dataplane import DataPlane  # noqa: E402
-from runtime.server.observability import Observability  # noqa: E402
 from runtime.core.registry import Registry  # noqa: E402
+from runtime.server.observability import Observability  # noqa: E402
 from runtime.server.rest_app import create_app  # noqa: E402
 from runtime.settings import ModelSettings, Settings  # noqa: E402
 from runtime.types import InferenceRequest, InferenceResponse  # noqa: E402

@@ -1,4 +1,5 @@
-"""The command line: ``mlserver-like start FOLDER``. Its flags are derived from ``Settings``."""
+"""The command line: ``mlserver-like start FOLDER`` and ``mlserver-like infer``. Their flags are
+derived from ``Settings`` and from the client's ``InferOptions``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import gc
 import sys
 import types
 import typing
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.version import __version__
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from runtime.settings import Settings
 
 _SKIPPED = {"model_repository_root", "extensions", "logging_settings"}
@@ -31,21 +35,51 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any] | None:
         return {"type": annotation}
     if typing.get_origin(annotation) is typing.Literal:
         return {"choices": list(typing.get_args(annotation))}
+    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
+        return {"action": "append"}
     return None
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     from runtime.settings import Settings
 
-    for name, field in Settings.model_fields.items():
-        if name in _SKIPPED:
+    add_model_flags(parser, Settings, skipped=_SKIPPED)
+
+
+_INFER_SHORT = {
+    "url": "-u",
+    "model_name": "-m",
+    "input_data_path": "-i",
+    "output_data_path": "-o",
+    "workers": "-w",
+    "retries": "-r",
+    "batch_size": "-s",
+    "transport": "-t",
+    "request_headers": "-H",
+}
+"""MLServer's short flags of ``mlserver infer``."""
+
+
+def add_model_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    skipped: Collection[str] = (),
+    short: Mapping[str, str] | None = None,
+) -> None:
+    """A flag per field of ``model`` that a flag can set (``--field-name``, and ``short``'s)."""
+    for name, field in model.model_fields.items():
+        if name in skipped:
             continue
         kwargs = _flag_kwargs(field.annotation)
         if kwargs is None:
             continue
-        default = field.default
-        help_text = (field.description or "").replace("%", "%%") + f" [default: {default}]"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text, **kwargs)
+        help_text = (field.description or "").replace("%", "%%")
+        if field.is_required():
+            help_text += " [required]"
+        else:
+            help_text += f" [default: {field.default}]"
+        flags = [f"--{name.replace('_', '-')}", *([short[name]] if short and name in short else [])]
+        parser.add_argument(*flags, dest=name, default=None, help=help_text, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
         const=False,
         help="TorchServe's spelling of --no-management-token-auth",
     )
+    infer = commands.add_parser(
+        "infer",
+        help="send a file of V2 requests (one JSON per line) to a server, answers in input order",
+        description=(
+            "Send every line of the input file (a V2 inference request body) to MODEL on a running "
+            'server and write the answers to the output file, line n answering line n ({"error": ...} '
+            "for a line that failed). As MLServer's `mlserver infer`, with --resume, --model-version, "
+            "--timeout and a progress bar."
+        ),
+    )
+    from runtime.client.batch import InferOptions
+
+    add_model_flags(infer, InferOptions, short=_INFER_SHORT)
     return parser
 
 
@@ -103,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        if args.command == "infer":
+            from runtime.client.batch import InferOptions, run
+
+            return run({name: getattr(args, name) for name in InferOptions.model_fields})
         if args.command != "start":
             parser.print_help()
             return 2

@@ -69,7 +69,7 @@ import numpy as np
 
 from runtime.errors import ModelFailed
 from runtime.model import MLModel
-from runtime.sequences.sequence_model import EndReason
+from runtime.sequences.sequence_model import EndReason, SequenceFlags
 from runtime.tensors import output_array
 from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
@@ -93,10 +93,10 @@ class SequenceState:
         self.state = state
 
 
-class StreamSequence:
+class StreamSequence(SequenceFlags):
     """The sequence a stream belongs to (``stream.sequence``), as its request said."""
 
-    __slots__ = ("_end", "_shared", "end", "id", "start")
+    __slots__ = ("_shared", "id")
 
     def __init__(self, sequence_id: str, start: bool, end: bool, shared: SequenceState) -> None:
         self.id = sequence_id
@@ -117,18 +117,8 @@ class StreamSequence:
     def state(self, value: Any) -> None:
         self._shared.state = value
 
-    def end_sequence(self) -> None:
-        """End the sequence once this stream has finished, as if its request had ``sequence_end``."""
-        self._end = True
-
-    @property
-    def ends(self) -> bool:
-        """Whether the sequence ends with this stream (the client's flag or the model's call)."""
-        return self.end or self._end
-
     def __repr__(self) -> str:
-        flags = "".join(flag for flag, on in (("S", self.start), ("E", self.ends)) if on)
-        return f"StreamSequence({self.id!r}{' ' + flags if flags else ''})"
+        return f"StreamSequence({self.id!r}{self._flags()})"
 
 
 class Stream:

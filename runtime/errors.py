@@ -25,7 +25,9 @@ Messages quote client-given names through ``shown``, cut to ``NAME_SHOWN`` chara
 absurd name cannot make an error too big to send (gRPC's status message travels in metadata).
 
 A model may raise ``InvalidInput`` itself to tell the client that its request was at fault.
-Anything else a model raises becomes ``ModelFailed`` at one place (``runtime.core.dataplane``).
+Anything else a model raises becomes ``ModelFailed`` (``model_failed``, the one place its message
+is made), sorted at one place (``runtime.streams.pipeline.sort_error``). An exception that is none
+of these reaches a transport only through a bug; each reports it as ``internal_error`` says.
 """
 
 from __future__ import annotations
@@ -143,6 +145,20 @@ class Cancelled(ServerError):
     """The caller cancelled the request or went away before it finished."""
 
 
+def model_failed(model: str, exc: BaseException) -> ModelFailed:
+    """What the exception ``exc`` a model raised becomes: "Model 'x' failed: Type: message",
+    chained to ``exc``; the one place this message is made."""
+    failed = ModelFailed(f"Model {model!r} failed: {type(exc).__name__}: {exc}")
+    failed.__cause__ = exc
+    return failed
+
+
+def internal_error(exc: BaseException) -> str:
+    """The message a transport answers an unexpected exception (a bug, none of the errors above)
+    with: "Internal server error: Type: message"; the one place it is made."""
+    return f"Internal server error: {type(exc).__name__}: {exc}"
+
+
 __all__ = [
     "Cancelled",
     "Conflict",
@@ -163,5 +179,7 @@ __all__ = [
     "ShuttingDown",
     "Unavailable",
     "WorkerLost",
+    "internal_error",
+    "model_failed",
     "shown",
 ]

@@ -9,7 +9,9 @@ docstrings are the documentation, the JSON Schemas in ``schemas/`` and the CLI's
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +23,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from runtime.field_docs import documented
 from runtime.types import MetadataTensor
 from runtime.version import __version__
+
+logger = logging.getLogger(__name__)
 
 SETTINGS_FILENAME = "settings.json"
 MODEL_SETTINGS_FILENAME = "model-settings.json"
@@ -38,6 +42,37 @@ TORCHSERVE_PORTS = {
     "grpc_management_port": 7071,
 }
 """The ports ``torchserve: true`` gives the fields that were not set explicitly (TorchServe's own)."""
+
+
+@documented
+class CORSSettings(BaseModel):
+    """Cross-origin requests to the REST API (``cors_settings`` in settings.json), as MLServer's, with
+    its defaults; Starlette's CORSMiddleware applies them."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    allow_origins: list[str] = []
+    """Origins allowed to make cross-origin requests, e.g. ``["https://example.org"]``; ``["*"]``
+    allows any."""
+
+    allow_origin_regex: str | None = None
+    """A regular expression of the origins allowed (matched whole), e.g. ``https://.*\\.example\\.org``."""
+
+    allow_credentials: bool = False
+    """Allow cookies (credentials) in cross-origin requests."""
+
+    allow_methods: list[str] = ["GET"]
+    """HTTP methods allowed in cross-origin requests; ``["*"]`` allows every one."""
+
+    allow_headers: list[str] = []
+    """Request headers allowed in cross-origin requests, beside the CORS-safelisted ones; ``["*"]``
+    allows any."""
+
+    expose_headers: list[str] = []
+    """Response headers a browser lets the page read."""
+
+    max_age: int = 600
+    """Seconds a browser may cache a preflight's answer."""
 
 
 @documented
@@ -121,7 +156,18 @@ class Settings(BaseSettings):
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` variable is set (and ``OTEL_SDK_DISABLED`` is not true)."""
 
     max_request_size: int = Field(default=100 * 1024 * 1024, gt=0)
-    """Largest HTTP request body accepted, in bytes; larger bodies get 413."""
+    """Largest HTTP request body accepted, in bytes; larger bodies get 413 (a gzip body: once
+    decompressed)."""
+
+    cors_settings: CORSSettings | None = None
+    """Answer cross-origin requests (CORS) on every REST route, as MLServer does: allow_origins,
+    allow_origin_regex, allow_credentials, allow_methods, allow_headers, expose_headers, max_age.
+    Unset: no CORS headers, browsers refuse pages of other origins."""
+
+    gzip_enabled: bool = True
+    """Compress REST answers of 500 bytes or more with gzip for clients that accept it, and read
+    request bodies sent with ``Content-Encoding: gzip``, on every REST route, as MLServer does.
+    Server-Sent Events streams are not compressed."""
 
     http_keepalive_timeout: float = Field(default=75.0, gt=0)
     """Seconds an HTTP keep-alive connection may sit idle between requests before the server
@@ -204,6 +250,11 @@ class Settings(BaseSettings):
     start_stream/async_stream_infer do: errors in ``error_message``, every response carries the
     parameter ``triton_final_response``. Either way the stream stays open after an error."""
 
+    mlflow_model: str | None = None
+    """The model that answers MLflow's scoring route ``POST /invocations`` (and ``/health``). Unset:
+    the only MLflow model loaded (``runtime.mlflow.MLflowModel``), else the only model loaded; with
+    several of either and none named here, ``/invocations`` answers 404 saying so."""
+
     grpc_tls_certificate: str | None = None
     """Path of a PEM certificate (chain) for the gRPC port; with grpc_tls_private_key it turns TLS on."""
 
@@ -211,6 +262,7 @@ class Settings(BaseSettings):
     """Path of the PEM private key of grpc_tls_certificate."""
 
     _source: Path | None = PrivateAttr(default=None)
+    _unknown_keys: list[str] = PrivateAttr(default_factory=list)
 
     @field_validator("metrics_endpoint")
     @classmethod
@@ -237,12 +289,21 @@ class Settings(BaseSettings):
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
         """Read a settings.json (if given and present), then apply overrides (e.g. from the CLI)."""
         data: dict[str, Any] = {}
+        unknown: list[str] = []
         if path is not None and Path(path).is_file():
             data = _read_json(Path(path))
+            unknown = unknown_keys(cls, data, Path(path))
         data.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**data)
         settings._source = Path(path) if path is not None else None
+        settings._unknown_keys = unknown
         return settings
+
+    @property
+    def unknown_keys(self) -> list[str]:
+        """One warning per key of the settings.json this was read from that no field has (logged
+        when the server starts, see :func:`unknown_keys`)."""
+        return list(self._unknown_keys)
 
     @property
     def metrics_enabled(self) -> bool:
@@ -475,6 +536,8 @@ class ModelSettings(BaseSettings):
         if found:
             own = data.get("parameters")
             data["parameters"] = {**found, **own} if isinstance(own, dict) else own if own else found
+        for warning in unknown_keys(cls, data, path):
+            logger.warning("%s", warning)
         settings = cls(**data)
         settings._source = path
         return settings
@@ -496,6 +559,65 @@ def _environment_parameters() -> dict[str, Any]:
         else:
             found[field] = raw
     return found
+
+
+MLSERVER_IGNORED: dict[str, frozenset[str]] = {
+    "Settings": frozenset(
+        {
+            "parallel_workers_timeout",
+            "environments_dir",
+            "model_repository_implementation",
+            "model_repository_implementation_args",
+            "metrics_rest_server_prefix",
+            "metrics_dir",
+            "kafka_enabled",
+            "kafka_servers",
+            "kafka_topic_input",
+            "kafka_topic_output",
+            "cache_enabled",
+            "cache_size",
+        }
+    ),
+    "ModelSettings": frozenset({"parallel_workers", "warm_workers", "cache_enabled"}),
+    "ModelParameters": frozenset(
+        {"environment_tarball", "inference_pool_gid", "autogenerate_inference_pool_gid"}
+    ),
+}
+"""Keys MLServer's settings accept that this server ignores on purpose (its Kafka server, its
+response cache, its environment tarballs and inference pools, the metrics of its worker
+processes): known, so not warned about."""
+
+
+def unknown_keys(model: type[BaseModel], data: dict[str, Any], path: Path, prefix: str = "") -> list[str]:
+    """One warning for each key of ``data`` (read from ``path``) that no field of ``model`` has,
+    nested settings objects included, naming the closest field (``difflib``): a misspelt key would
+    otherwise be ignored in silence. MLServer's keys that this server ignores on purpose
+    (:data:`MLSERVER_IGNORED`) are known."""
+    if model.model_config.get("extra") == "forbid":
+        return []  # its validation refuses unknown keys already
+    known = set(model.model_fields) | MLSERVER_IGNORED.get(model.__name__, frozenset())
+    warnings: list[str] = []
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            if key in known:
+                continue
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "no setting has a name close to it"
+            warnings.append(f"Unknown key {prefix + key!r} in {path} is ignored ({hint})")
+            continue
+        nested = _settings_model(field.annotation)
+        if nested is not None and isinstance(value, dict):
+            warnings += unknown_keys(nested, value, path, f"{prefix}{key}.")
+    return warnings
+
+
+def _settings_model(annotation: Any) -> type[BaseModel] | None:
+    """The settings model of a nested field (``X`` or ``X | None``), or None."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 TORCHSERVE_PROTO_DIR = PROTO_DIR / "torchserve"
 TORCHSERVE_PREFIX = "ts_"
-OUT_DIR = ROOT / "runtime" / "grpc" / "generated"
+OUT_DIR = ROOT / "runtime" / "frontends" / "grpc" / "generated"
 
 _DEFAULT_POOL = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
 _OWN_POOL = "DESCRIPTOR = _descriptor_pool.DescriptorPool().AddSerializedFile("

@@ -13,7 +13,6 @@ from runtime.core.dataplane import DataPlane
 from runtime.scheduling import AdaptiveScheduler
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
-
 from tests.conftest import InProcess
 from tests.models.adaptive.model import RowModel
 

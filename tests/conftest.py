@@ -8,9 +8,9 @@ import pytest
 
 from runtime.core.dataplane import DataPlane
 from runtime.core.registry import Registry
-from runtime.frontends.rest import create_app
+from runtime.server.rest_app import create_app
 from runtime.settings import ModelSettings, Settings
-
+from tests import fast_loop
 from tests.servers import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +100,18 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.huggingface.tiny_llm import build
 
     return build(tmp_path_factory.mktemp("tiny-llm"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """MLflow models saved once for the session with real mlflow (``tests.mlflow.saved_models``):
+    (their folder, the fitted estimators by name). Skips, saying why, without mlflow."""
+    from tests.mlflow.saved_models import save_models
+
+    root = tmp_path_factory.mktemp("mlflow-models")
+    return root, save_models(root)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that start a process or a real server (``-m "not server"`` is the fast loop)."""
+    fast_loop.mark(items)

@@ -11,7 +11,6 @@ from runtime.errors import ServerError
 from runtime.scheduling import ContinuousScheduler
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
-
 from tests.conftest import InProcess
 from tests.continuous_models import Ticker
 

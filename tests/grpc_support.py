@@ -13,7 +13,6 @@ import pytest
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.servers import RunningServer, start_server
 
 GRPC_MODELS = Path(__file__).resolve().parent / "models" / "grpc"

@@ -11,7 +11,6 @@ import httpx
 
 from runtime.scheduling.sequence_batching import SequenceScheduler
 from runtime.settings import ModelSettings
-
 from tests.conftest import InProcess
 from tests.models.seqzoo import Recorder
 

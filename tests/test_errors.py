@@ -43,4 +43,16 @@ def test_the_tree_groups_errors_by_meaning() -> None:
         for name, value in vars(errors).items()
         if isinstance(value, type) and issubclass(value, errors.ServerError)
     }
-    assert set(errors.__all__) == classes | {"shown"}
+    assert set(errors.__all__) == classes | {"shown", "model_failed", "internal_error"}
+
+
+def test_a_model_failure_is_built_in_one_place_and_chained_to_its_cause() -> None:
+    cause = RuntimeError("broke after 2 words")
+    failed = errors.model_failed("words", cause)
+    assert isinstance(failed, errors.ModelFailed)
+    assert failed.message == "Model 'words' failed: RuntimeError: broke after 2 words"
+    assert failed.__cause__ is cause
+
+
+def test_an_unexpected_exception_reads_as_an_internal_server_error() -> None:
+    assert errors.internal_error(KeyError("x")) == "Internal server error: KeyError: 'x'"

@@ -16,7 +16,6 @@ from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.model import MLModel
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
-
 from tests.servers import RunningServer, start_server
 
 

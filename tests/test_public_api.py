@@ -9,7 +9,6 @@ import sys
 import runtime
 from runtime import codecs, types
 from runtime.settings import ModelSettings, Settings, json_schemas
-
 from tests.conftest import ROOT
 
 
@@ -83,7 +82,9 @@ def test_every_settings_field_is_documented() -> None:
 
 
 def test_importing_runtime_does_not_import_torch() -> None:
-    code = "import sys, runtime, runtime.server.serving, runtime.core.dataplane; print('torch' in sys.modules)"
+    code = (
+        "import sys, runtime, runtime.server.serving, runtime.core.dataplane; print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

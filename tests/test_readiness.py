@@ -16,7 +16,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.conftest import TEST_MODELS
 from tests.servers import RunningServer, launch_server, start_server, start_servers
 

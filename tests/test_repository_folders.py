@@ -142,7 +142,6 @@ def test_a_model_failing_at_inference_names_files_relative_to_the_repository(
     server: RunningServer, repository: Path
 ) -> None:
     from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-
     from tests.grpc_support import inference_stub
 
     answer = _infer(server, "lookup")

@@ -19,13 +19,12 @@ from pydantic import ValidationError
 
 import runtime
 from runtime.cli import main
-from runtime.scheduling import collector
+from runtime.scheduling import gc_threshold
 from runtime.server.serving import Server, fewer_collections
 from runtime.settings import ModelSettings, Settings
-
 from tests.conftest import EXAMPLES, ROOT
 
-LOADING_GC_THRESHOLD = collector.YOUNG
+LOADING_GC_THRESHOLD = gc_threshold.YOUNG
 
 HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette", "runtime.settings"]
 
@@ -35,6 +34,9 @@ NOT_FOR_ECHO = [
     "transformers",
     "runtime.torch.torch_model",
     "runtime.huggingface",
+    "mlflow",
+    "pandas",
+    "runtime.mlflow.mlflow_model",
     "grpc_reflection.v1alpha.reflection",
     "sse_starlette",
     "tarfile",
@@ -197,11 +199,11 @@ def test_a_batcher_loaded_at_start_keeps_its_threshold_when_loading_ends() -> No
     put back 700 under a batcher that started meanwhile."""
     before = gc.get_threshold()
     with fewer_collections():
-        collector.hold()  # a batching scheduler starts with its model
+        gc_threshold.hold()  # a batching scheduler starts with its model
     try:
-        assert gc.get_threshold() == (collector.YOUNG, *before[1:])
+        assert gc.get_threshold() == (gc_threshold.YOUNG, *before[1:])
     finally:
-        collector.release()
+        gc_threshold.release()
     assert gc.get_threshold() == before
 
 

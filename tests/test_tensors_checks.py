@@ -16,7 +16,6 @@ import pytest
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.servers import RunningServer, start_server
 
 MODELS = {

@@ -7,9 +7,9 @@ from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any, get_type_hints
 
+from runtime.codecs.lookup import find_input_codec
 from runtime.errors import InvalidInput
 from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
-from runtime.codecs.lookup import find_input_codec
 
 
 def decode_args(

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from runtime.codecs.interfaces import InputCodec, RequestCodec, make_tensor
 from runtime.errors import InvalidInput
 from runtime.tensors import datatype_of, input_array, output_array
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput, ResponseOutput
-from runtime.codecs.interfaces import InputCodec, RequestCodec, make_tensor
 
 
 def _array(payload: Any) -> tuple[np.ndarray, str]:

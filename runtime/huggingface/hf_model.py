@@ -37,12 +37,19 @@ import orjson
 
 from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from runtime.errors import InvalidInput
-from runtime.server.observability.tokens import TokenStats
-from runtime.settings import ModelSettings
-from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, Parameters, ResponseOutput
 from runtime.huggingface.hf_settings import DEFAULT_STREAMS, HuggingFaceConfig, read_config
 from runtime.huggingface.options import GenerationOptions, read_options
 from runtime.huggingface.text import TextStream
+from runtime.settings import ModelSettings
+from runtime.telemetry.tokens import TokenStats
+from runtime.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    MetadataTensor,
+    Parameters,
+    ResponseOutput,
+)
 
 CONTEXT_TOKENS = 6
 """Prompt tokens a stream's text decoder starts from, so that its first word reads as it will."""

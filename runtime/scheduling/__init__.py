@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.continuous import ContinuousModel
 from runtime.model import MLModel
+from runtime.scheduling.direct import DirectScheduler
+from runtime.scheduling.scheduler import Scheduler, StreamError
 from runtime.sequences.sequence_model import SequenceModel, serves_stateless
 from runtime.settings import ModelSettings
-from runtime.scheduling.direct import DirectScheduler
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
 
 if TYPE_CHECKING:
     from runtime.scheduling.adaptive import AdaptiveScheduler
@@ -108,9 +108,9 @@ __all__ = [
     "ContinuousScheduler",
     "DirectScheduler",
     "ForwardingScheduler",
-    "RequestFailed",
     "Scheduler",
     "SequenceScheduler",
+    "StreamError",
     "WorkerExecutor",
     "make_scheduler",
 ]

@@ -47,15 +47,15 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown
+from runtime.errors import InvalidInput, ModelFailed, ModelNotReady, ServerError, ShuttingDown, model_failed
 from runtime.model import MLModel
-from runtime.telemetry.tracing import batch_span, direct_stream
-from runtime.settings import ModelSettings
-from runtime.types import InferenceRequest, InferenceResponse, Parameters
-from runtime.scheduling import collector
+from runtime.scheduling import gc_threshold
 from runtime.scheduling.batching import batch_shape, merge, split
 from runtime.scheduling.queueing import Waiter, WaitQueue, queue_timeout, reject, resolve, wait_for_response
 from runtime.scheduling.scheduler import Scheduler
+from runtime.settings import ModelSettings
+from runtime.telemetry.tracing import batch_span, direct_stream
+from runtime.types import InferenceRequest, InferenceResponse, Parameters
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class AdaptiveScheduler(Scheduler):
         self._former.add_done_callback(self._former_done)
         if not self._holds_collector:
             self._holds_collector = True
-            collector.hold()
+            gc_threshold.hold()
 
     def _former_done(self, task: asyncio.Task[None]) -> None:
         if not self._closing:  # it ended by itself: a bug; refuse work rather than queue it forever
@@ -133,7 +133,7 @@ class AdaptiveScheduler(Scheduler):
         finally:
             if self._holds_collector:
                 self._holds_collector = False
-                collector.release()
+                gc_threshold.release()
 
     # ------------------------------------------------------------------ callers
 
@@ -266,7 +266,7 @@ class AdaptiveScheduler(Scheduler):
             raise
         except Exception as exc:
             self._log_failure(batch_id, len(live), exc)
-            reject(live, functools.partial(_model_failed, self.name, exc))
+            reject(live, functools.partial(model_failed, self.name, exc))
         else:
             resolve(live, responses)
         finally:
@@ -335,12 +335,6 @@ class _Abandon:
 def _wake_up(waker: asyncio.Future[None]) -> None:
     if not waker.done():
         waker.set_result(None)
-
-
-def _model_failed(name: str, exc: Exception) -> ModelFailed:
-    error = ModelFailed(f"Model {name!r} failed: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 def _copy(exc: ServerError) -> BaseException:

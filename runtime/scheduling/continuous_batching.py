@@ -15,11 +15,11 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
   a cancelled gRPC call) is dropped before the next step, and its slot is free for that step;
   a chunk the model produced for it meanwhile is discarded.
 - **Isolation.** ``StepResult(error=...)`` ends one stream with that error and the others go on:
-  the stream yields ``RequestFailed`` for that request (in band on a gRPC call, raised by
+  the stream yields a ``StreamError`` for that request (in band on a gRPC call, raised by
   ``infer_stream``: an SSE ``event: error`` after its earlier chunks). If ``step`` itself raises,
   each stream of that step is run again alone, so that only those that fail alone end with the error.
 - **Order and back-pressure.** Each caller gets its own chunks, in the order the model produced
-  them. A stream whose reader has not taken ``STREAM_BUFFER`` of its chunks sits out the next
+  them. A stream whose reader has not taken ``BUFFERED`` of its chunks sits out the next
   steps (it keeps its slot) until the reader catches up, so a slow client never grows a buffer.
 - **Observability.** Every chunk carries the response parameters ``batch_size`` (how many streams
   shared its step) and ``step_id`` (counting from 1 per loaded model). A unary request runs as a
@@ -27,12 +27,12 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
   of its last step.
 - **Several requests on one stream** (a gRPC ``ModelStreamInfer`` call in MLServer's format) are
   read ahead and run concurrently, each as its own stream, their chunks interleaved and each
-  tagged with its request's id. A call reads no further than ``CALL_WINDOW`` requests past its
-  oldest unfinished one (then gRPC's flow control holds the client back).
+  tagged with its request's id. A call has at most ``READ_AHEAD`` of them running or waiting
+  (``runtime.streams.window``; then gRPC's flow control holds the client back).
 - **Stopping** refuses new streams (503), lets the running and waiting ones finish, then ends.
 - **With ``sequence_batching``** a request of a sequence may join while an earlier one of the same
   sequence still streams; the sequence rules and state live in :mod:`runtime.sequences.engine`, with the strategy of
-  :mod:`.running_set_strategy`.
+  :mod:`.continuous_sequences`.
 """
 
 from __future__ import annotations
@@ -48,17 +48,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from runtime.errors import ModelFailed, ModelNotReady, ShuttingDown
+from runtime.errors import ModelFailed, ModelNotReady, ShuttingDown, model_failed
 from runtime.ids import assign_id
 from runtime.model import MLModel
-from runtime.telemetry.tracing import batch_span
+from runtime.scheduling.callers import CHUNK, END, ERROR, Call, Entry, serve_stream, stamp
+from runtime.scheduling.continuous_sequences import RunningSet
+from runtime.scheduling.queueing import WaitQueue, queue_timeout
+from runtime.scheduling.scheduler import Scheduler
 from runtime.sequences.identity import parse_control
 from runtime.settings import ModelSettings
+from runtime.streams.pipeline import StreamError
+from runtime.streams.window import BUFFERED
+from runtime.telemetry.tracing import batch_span
 from runtime.types import InferenceRequest, InferenceResponse
-from runtime.scheduling.callers import CHUNK, END, ERROR, STREAM_BUFFER, Call, Entry, serve_stream, stamp
-from runtime.scheduling.queueing import WaitQueue, queue_timeout
-from runtime.scheduling.continuous_sequences import RunningSet
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +168,8 @@ class ContinuousScheduler(Scheduler):
         call = Call()
         entry = self.admit(request, call, collect=True)
         try:
-            while True:
-                kind, _, payload = await call.get()
+            while True:  # a call that reads no requests never ends: its stream answers or fails
+                kind, _, payload = await anext(call)
                 if kind == CHUNK:
                     assert isinstance(payload, InferenceResponse)
                     return payload
@@ -179,7 +181,7 @@ class ContinuousScheduler(Scheduler):
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         return serve_stream(self, requests)
 
     def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
@@ -196,7 +198,6 @@ class ContinuousScheduler(Scheduler):
             future=asyncio.get_running_loop().create_future(),
             stream=Stream(request, assign_id(request)),
             call=call,
-            index=call.taken,
             collect=collect,
             order=next(self._orders),
         )
@@ -210,7 +211,6 @@ class ContinuousScheduler(Scheduler):
                 raise
             assert entry.pending is not None
             entry.pending.future.add_done_callback(self._refused_by_sequence(entry))
-        call.taken += 1
         entry.future.add_done_callback(self._timed_out(entry))
         self.wake()
         return entry
@@ -254,7 +254,7 @@ class ContinuousScheduler(Scheduler):
         for other in self.sequences.cancel(entry):
             if not other.ended and not other.gone:
                 other.call.push(
-                    (ERROR, other, RequestFailed(self.sequences.cancelled_error(other), other.stream.id))
+                    (ERROR, other, StreamError(self.sequences.cancelled_error(other), other.stream.id))
                 )
                 other.gone = True
         self.wake()
@@ -269,7 +269,7 @@ class ContinuousScheduler(Scheduler):
                     await self.sequences.deliver_notices()
                 await self._drop_gone()
                 await self._join()
-                active = [e for e in self._running if not e.gone and e.unread < STREAM_BUFFER]
+                active = [e for e in self._running if not e.gone and e.unread < BUFFERED]
                 if active:
                     await self._step(active)
                     # a turn for the event loop after every step, even when the model's step never
@@ -453,8 +453,8 @@ class ContinuousScheduler(Scheduler):
             return
         entry.ended = True
         if not isinstance(error, Exception):
-            error = ModelFailed(f"Model {self.name!r} failed the stream: {type(error).__name__}: {error}")
-        entry.call.push((ERROR, entry, RequestFailed(error, entry.stream.id)))
+            error = model_failed(self.name, error)
+        entry.call.push((ERROR, entry, StreamError(error, entry.stream.id)))
 
     async def _left(self, entry: Entry, reason: StreamEnd) -> None:
         """A stream left the running set: the model is told (if it started), then its sequence."""

@@ -10,11 +10,11 @@ from time import monotonic
 
 from runtime.errors import Overloaded
 from runtime.model import MLModel
-from runtime.server.observability import tracing
-from runtime.telemetry.tracing import direct_span, direct_stream
-from runtime.settings import ModelSettings
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.scheduling.scheduler import Scheduler
+from runtime.settings import ModelSettings
+from runtime.telemetry import tracing
+from runtime.telemetry.tracing import direct_span, direct_stream
+from runtime.types import InferenceRequest, InferenceResponse
 
 
 class DirectScheduler(Scheduler):

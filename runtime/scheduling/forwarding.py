@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.model import MLModel
-from runtime.telemetry.counts import merge
-from runtime.telemetry.stats import ExecutionStats
+from runtime.scheduling.scheduler import Scheduler, StreamError
+from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.sequences.identity import ID, parse_control
 from runtime.settings import ModelSettings
+from runtime.telemetry.counts import merge
+from runtime.telemetry.stats import ExecutionStats
 from runtime.types import InferenceRequest, InferenceResponse
 from runtime.workers import WorkerProcess
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
-from runtime.scheduling.worker_executor import WorkerExecutor
 
 GENERATED = ""
 """As the sequence a request opens: a START without an id (its answer names the id the worker made)."""
@@ -94,7 +94,7 @@ class ForwardingScheduler(Scheduler):
 
     async def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         first = await anext(aiter(requests), None)
         if first is None:
             return

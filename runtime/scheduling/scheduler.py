@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.model import MLModel
-from runtime.telemetry.stats import ExecutionStats
-from runtime.settings import ModelSettings
-from runtime.streams.pipeline import RequestFailed
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.scheduling.executor import Executor, InProcessExecutor
+from runtime.settings import ModelSettings
+from runtime.streams.pipeline import StreamError
+from runtime.telemetry.stats import ExecutionStats
+from runtime.types import InferenceRequest, InferenceResponse
 
-__all__ = ["RequestFailed", "Scheduler"]
+__all__ = ["Scheduler", "StreamError"]
 
 
 class Scheduler(abc.ABC):
@@ -50,11 +50,11 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         """Serve a stream of requests; cancelling the iteration must stop the model's work.
 
         Raising ends the stream (the failure is reported for the latest request taken); yielding
-        ``RequestFailed`` reports one request's failure and the stream goes on."""
+        a ``StreamError`` reports one request's failure and the stream goes on."""
 
     async def refresh(self) -> None:
         """Bring counts kept elsewhere up to date (a batcher running in worker processes); the

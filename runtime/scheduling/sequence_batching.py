@@ -13,7 +13,7 @@ notices that the worker delivers before its next batch, so the model hears of an
 sees a fresh sequence with the same id. The lifecycle (admission, queues, timers, endings, the
 state store) is ``runtime.sequences.engine.SequenceEngine`` (with a store that replicas share,
 ``runtime.sequences.replicated.ReplicatedEngine``); this module adds the batches, with the strategy
-of ``.batch_strategy`` (one request of a sequence in flight).
+of ``.one_in_flight`` (one request of a sequence in flight).
 
 Cancellation: when a caller gives up on a request of a sequence (a client disconnects, a gRPC call
 is cancelled), the sequence is cancelled, as Triton does: its other queued requests fail with
@@ -33,7 +33,11 @@ from typing import Any
 
 from runtime.errors import InvalidInput, ModelFailed, ShuttingDown
 from runtime.model import MLModel
-from runtime.telemetry.tracing import batch_span
+from runtime.scheduling import gc_threshold
+from runtime.scheduling.executor import Executor
+from runtime.scheduling.one_in_flight import OneInFlight
+from runtime.scheduling.scheduler import Scheduler, StreamError
+from runtime.scheduling.sequence_streams import serve_stream
 from runtime.sequences.engine import STORED
 from runtime.sequences.identity import SequenceControl, mark_response, parse_control
 from runtime.sequences.lifecycle import Pending, Sequences
@@ -41,12 +45,8 @@ from runtime.sequences.replicated import make_engine
 from runtime.sequences.sequence_model import SequenceModel, SequenceStep
 from runtime.sequences.store import StateStore
 from runtime.settings import ModelSettings
+from runtime.telemetry.tracing import batch_span
 from runtime.types import InferenceRequest, InferenceResponse
-from runtime.scheduling import collector
-from runtime.scheduling.one_in_flight import OneInFlight
-from runtime.scheduling.executor import Executor
-from runtime.scheduling.scheduler import RequestFailed, Scheduler
-from runtime.scheduling.sequence_streams import serve_stream
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class SequenceScheduler(Scheduler):
         self._worker = asyncio.create_task(self._work(), name=f"sequence-batcher:{self.settings.name}")
         if not self._holds_collector:
             self._holds_collector = True
-            collector.hold()
+            gc_threshold.hold()
 
     async def stop(self) -> None:
         """Refuse new requests, run the accepted ones, then end every open sequence (reason ``unload``)."""
@@ -132,7 +132,7 @@ class SequenceScheduler(Scheduler):
         finally:
             if self._holds_collector:
                 self._holds_collector = False
-                collector.release()
+                gc_threshold.release()
 
     def _lost(self, keys: list[str], why: str) -> None:
         """The worker that held these sequences died: they end (reason ``worker_lost``)."""
@@ -190,7 +190,7 @@ class SequenceScheduler(Scheduler):
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest]
-    ) -> AsyncIterator[InferenceResponse | RequestFailed]:
+    ) -> AsyncIterator[InferenceResponse | StreamError]:
         return serve_stream(self, requests)
 
     # ------------------------------------------------------------------ the worker

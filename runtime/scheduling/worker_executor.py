@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from runtime.errors import SequenceError, WorkerLost
+from runtime.scheduling.executor import Executor, LostSequences
 from runtime.sequences.sequence_model import SequenceStep
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
 from runtime.workers import HeldState, WorkerPool, WorkerProcess
-from runtime.scheduling.executor import Executor, LostSequences
 
 
 class WorkerExecutor(Executor):

@@ -44,12 +44,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from runtime.errors import SequenceStepConflict
-from runtime.settings import ModelSettings
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.sequences.identity import STEP, SequenceControl
 from runtime.sequences.lifecycle import Pending, Sequence, Sequences
 from runtime.sequences.sequence_model import EndReason, SequenceStep
 from runtime.sequences.store import LRUStateStore, SharedStateStore, StateStore
+from runtime.settings import ModelSettings
+from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import Cancelled, Overloaded, SequenceError, SequenceNotOpen, ServerError
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.sequences.identity import SequenceControl
 from runtime.sequences.sequence_model import END_REASONS, EndReason
+from runtime.types import InferenceRequest, InferenceResponse
 
 _HOW = {
     "end": "it was ended by a request with sequence_end",

@@ -56,10 +56,39 @@ END_REASONS: tuple[EndReason, ...] = (
 )
 
 
-class SequenceStep:
+class SequenceFlags:
+    """A request's place in its sequence, as a model sees it: whether it starts or ends the sequence,
+    and the model's own way to end it (``end_sequence``). A sequence batcher's ``SequenceStep`` and a
+    continuous batcher's ``StreamSequence`` are both this view; each sets ``start``, ``end`` and
+    ``_end`` (False) in its own ``__init__``."""
+
+    __slots__ = ("_end", "end", "start")
+
+    start: bool
+    """True on the request that started the sequence (its state was None)."""
+    end: bool
+    """True on the request that ends the sequence (the client sent ``sequence_end``)."""
+    _end: bool
+
+    def end_sequence(self) -> None:
+        """End the sequence with this request (after its step, or once its stream has finished), as if
+        the request had ``sequence_end``."""
+        self._end = True
+
+    @property
+    def ends(self) -> bool:
+        """Whether the sequence ends with this request (the client's flag or the model's call)."""
+        return self.end or self._end
+
+    def _flags(self) -> str:
+        flags = "".join(flag for flag, on in (("S", self.start), ("E", self.ends)) if on)
+        return " " + flags if flags else ""
+
+
+class SequenceStep(SequenceFlags):
     """One request of one sequence, as the model sees it in a batch."""
 
-    __slots__ = ("_end", "end", "request", "sequence_id", "start", "state")
+    __slots__ = ("request", "sequence_id", "state")
 
     def __init__(
         self, request: InferenceRequest, sequence_id: str, start: bool, end: bool, state: Any
@@ -76,18 +105,8 @@ class SequenceStep:
         """The sequence's state: read it, and assign the new one. None on a START."""
         self._end = False
 
-    def end_sequence(self) -> None:
-        """End the sequence after this step, as if the request had ``sequence_end``."""
-        self._end = True
-
-    @property
-    def ends(self) -> bool:
-        """Whether the sequence ends with this step (the client's flag or the model's call)."""
-        return self.end or self._end
-
     def __repr__(self) -> str:
-        flags = "".join(flag for flag, on in (("S", self.start), ("E", self.ends)) if on)
-        return f"SequenceStep({self.sequence_id!r}{' ' + flags if flags else ''})"
+        return f"SequenceStep({self.sequence_id!r}{self._flags()})"
 
 
 class SequenceModel(MLModel):

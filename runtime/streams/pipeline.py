@@ -1,7 +1,8 @@
-"""The one stream pipeline: requests in, ordered answers out, bounded read-ahead, cancellation
-that reaches the model. Every streaming front end goes through it: SSE (``infer_stream``,
-``generate_stream``), both gRPC ModelStreamInfer formats (``runtime.core.client_streams``) and
-the schedulers' own stream plumbing (``Outbox``, ``RequestFailed``).
+"""The one stream pipeline: requests in, ordered answers out, cancellation that reaches the model,
+and the one form of a stream's failure (:class:`StreamError`). Every streaming front end goes
+through it: SSE (``infer_stream``, ``generate_stream``) and both gRPC ModelStreamInfer formats
+(``runtime.core.client_streams``). Reading ahead within a bounded window is
+``runtime.streams.window``'s.
 
 ``DataPlane.infer_stream`` and ``DataPlane.infer_stream_in_band`` run a :class:`StreamSession`.
 What it guarantees, whatever the transport:
@@ -27,9 +28,9 @@ What it guarantees, whatever the transport:
 - **A bad request never reaches the model.** It ends the model's input, as if the client had
   stopped sending: the model finishes what it was doing and the error follows.
 
-A scheduler whose requests fail one by one (the sequence and continuous batchers) yields
-``RequestFailed`` for a failed request: in band it becomes that request's ``StreamError`` and the
-same model stream goes on.
+A scheduler whose requests fail one by one (the sequence and continuous batchers) yields a
+``StreamError`` for a failed request, and the same model stream goes on; the session sorts its
+error and passes it on.
 
 With errors raised (``infer_stream``), the first error ends the stream. With errors in band
 (``infer_stream_in_band``, which ``runtime.core.client_streams`` uses for gRPC's
@@ -45,21 +46,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import anyio
-
-from runtime.errors import InvalidInput, ModelFailed, ServerError
+from runtime.errors import InvalidInput, ServerError, model_failed
 from runtime.ids import assign_id
 from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 V = TypeVar("V")
 
 CHECKPOINT_SECONDS = 0.001
@@ -100,89 +98,28 @@ class Recent(Generic[V]):
         return self.latest
 
 
-class Outbox(Generic[T]):
-    """The ordered items of one stream's consumer, put by its producers: the task reading its
-    requests ahead, the scheduler's steps, the tasks serving its requests. The consumer ``get``s
-    them in the order they were put.
+@dataclass(slots=True)
+class StreamError:
+    """A request of a stream failed: the one form a stream's failure takes, from where it happens
+    to the transport that reports it, unchanged on its way.
 
-    ``bound``: ``put`` waits while that many items wait for the consumer, so a consumer that stops
-    reading stops its producers. None: the producers bound themselves (``push`` never waits).
+    Made where the request fails: a scheduler whose requests fail one by one (the continuous and
+    sequence batchers: the request was refused, or its step failed, and the stream goes on), this
+    session (the request failed its checks, or the model's stream failed), a client stream's
+    router (``runtime.core.client_streams``: the request could not be decoded or names no model).
+    The session sorts its ``error`` once (``sort_error``: the model's own exceptions become
+    ``ModelFailed``). Then each transport reports it in its one function: in band where the stream
+    goes on (gRPC's ``in_band_error``), or raised as its error where the first one ends the stream
+    (``DataPlane.infer_stream``, then SSE's ``error_event``).
     """
-
-    __slots__ = ("_room", "_waker", "bound", "items")
-
-    def __init__(self, bound: int | None = None) -> None:
-        self.items: deque[T] = deque()
-        self.bound = bound
-        self._waker: asyncio.Future[None] | None = None
-        self._room: asyncio.Future[None] | None = None
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def push(self, item: T) -> None:
-        """Put ``item`` now, whatever the bound."""
-        self.items.append(item)
-        if self._waker is not None and not self._waker.done():
-            self._waker.set_result(None)
-
-    async def put(self, item: T) -> None:
-        """Put ``item`` once there is room under the bound."""
-        while self.bound is not None and len(self.items) >= self.bound:
-            if self._room is None or self._room.done():
-                self._room = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._room)
-        self.push(item)
-
-    async def get(self) -> T:
-        """The next item, once there is one."""
-        while not self.items:
-            self._waker = asyncio.get_running_loop().create_future()
-            try:
-                await self._waker
-            finally:
-                self._waker = None
-        item = self.items.popleft()
-        if self._room is not None and not self._room.done():
-            self._room.set_result(None)
-        return item
-
-    def clear(self) -> None:
-        self.items.clear()
-
-
-async def stop_tasks(*tasks: asyncio.Task[object]) -> None:
-    """Cancel ``tasks`` (a stream's read-ahead and serving tasks) and wait until they have ended.
-
-    Shielded: this runs when a stream is closed, possibly inside a cancelled anyio scope (an SSE
-    response whose client went away), where every await would raise at once; the requests'
-    iterator must be free when the stream's close returns.
-    """
-    pending = [task for task in tasks if not task.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestFailed:
-    """Yielded by a scheduler's stream in place of a response when one request of the stream failed
-    and the stream goes on (e.g. the sequence batcher, whose requests succeed or fail one by one)."""
 
     error: Exception
     request_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """An error reported in band on a stream that goes on, for the request ``request_id``."""
-
-    error: ServerError
-    request_id: str | None
-    continues: bool = False
-    """True when only this request failed and the model's stream goes on (``RequestFailed``)."""
+    """The id of the request that failed (None: a request the client sent without one, refused
+    before it was given one)."""
+    continues: bool = True
+    """Only this request failed and the model's stream goes on (False: the model's stream
+    ended with it, and the session starts a fresh one for the requests that follow)."""
 
 
 def sort_error(model: str, exc: Exception) -> ServerError:
@@ -192,16 +129,14 @@ def sort_error(model: str, exc: Exception) -> ServerError:
     logger.error(
         "Model %r failed: %s: %s", model, type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG)
     )
-    failed = ModelFailed(f"Model {model!r} failed: {type(exc).__name__}: {exc}")
-    failed.__cause__ = exc
-    return failed
+    return model_failed(model, exc)
 
 
 Prepare = Callable[[InferenceRequest], None]
 """Checks a request against the model (raising InvalidInput)."""
 Finish = Callable[[InferenceResponse, "InferenceRequest | None"], InferenceResponse]
 """Checks a response and names it after the request it answers."""
-Serve = Callable[[AsyncIterator[InferenceRequest]], AsyncIterator["InferenceResponse | RequestFailed"]]
+Serve = Callable[[AsyncIterator[InferenceRequest]], AsyncIterator["InferenceResponse | StreamError"]]
 """The model's stream through its scheduler (``Scheduler.stream``)."""
 
 
@@ -294,10 +229,9 @@ class StreamSession:
         turn = time.monotonic()
         try:
             async for response in stream:
-                if isinstance(response, RequestFailed):
-                    yield StreamError(
-                        sort_error(self.model, response.error), response.request_id, continues=True
-                    )
+                if isinstance(response, StreamError):  # one request failed; the stream goes on
+                    response.error = sort_error(self.model, response.error)
+                    yield response
                     continue
                 yield self.finish(response, self._answering(response))
                 # give the event loop a turn at least every CHECKPOINT_SECONDS: a model that never
@@ -306,7 +240,7 @@ class StreamSession:
                     await asyncio.sleep(0)
                     turn = time.monotonic()
         except Exception as exc:
-            yield StreamError(sort_error(self.model, exc), self.recent.latest_id)
+            yield StreamError(sort_error(self.model, exc), self.recent.latest_id, continues=False)
         finally:
             # close the model's generator (and the scheduler's slot) whatever ended the loop:
             # GeneratorExit, cancellation, an error, or the consumer going away
@@ -331,7 +265,7 @@ class StreamSession:
             try:
                 self._prepare(request)
             except InvalidInput as exc:
-                self.input_error = StreamError(exc, request.id)
+                self.input_error = StreamError(exc, request.id, continues=False)
                 return
             self._taken(request)
             yield request

@@ -22,9 +22,9 @@ import numpy as np
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.settings import ModelSettings
 from runtime.tensors import dtype_of
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.torch.runner import TorchRunner
 from runtime.torch.torch_settings import StopRule, TorchSettings
+from runtime.types import InferenceRequest, InferenceResponse
 
 Arrays = dict[str, np.ndarray]
 Outputs = dict[str, tuple[np.ndarray, str]]

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from runtime.errors import InvalidInput
 from runtime.sequences.sequence_model import SequenceStep
-from runtime.types import InferenceResponse
 from runtime.torch.recurrent import Arrays, Recurrence, TensorModel, part, run_together
+from runtime.types import InferenceResponse
 
 
 async def predict_sequences(

@@ -32,8 +32,8 @@ import numpy as np
 from runtime.continuous import StepResult, Stream, stack_chunks
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.tensors import output_array
-from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 from runtime.torch.recurrent import Arrays, Outputs, Recurrence, TensorModel, part, rows, run_together
+from runtime.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 
 class Decoding:

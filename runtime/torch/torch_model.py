@@ -23,7 +23,6 @@ from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
 from runtime.errors import InvalidInput, ModelNotReady
 from runtime.sequences.sequence_model import SequenceModel, SequenceStep
 from runtime.tensors import input_array
-from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 from runtime.torch.convert import FLOATING, torch_dtype
 from runtime.torch.loading import Loaded, ProgramInput, load
 from runtime.torch.recurrent import Outputs, Recurrence, read_recurrence
@@ -31,6 +30,7 @@ from runtime.torch.runner import TensorSpec, TorchRunner
 from runtime.torch.sequence_batch import predict_sequences
 from runtime.torch.steps import Steps
 from runtime.torch.torch_settings import TorchConfig, read_config
+from runtime.types import Datatype, InferenceRequest, InferenceResponse, MetadataTensor, ResponseOutput
 
 
 class TorchModel(ContinuousModel, SequenceModel):

@@ -30,10 +30,10 @@ from runtime.ids import assign_id
 from runtime.model import MLModel
 from runtime.sequences.sequence_model import SequenceModel, SequenceStep
 from runtime.settings import ModelSettings
-from runtime.types import InferenceRequest, InferenceResponse
 from runtime.torchserve.archive import kept, read_manifest
 from runtime.torchserve.handler import HandlerRunner
 from runtime.torchserve.payload import Answer, Row, answers_response, read_rows
+from runtime.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 

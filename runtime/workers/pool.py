@@ -285,11 +285,6 @@ class WorkerPool:
                 self._changed.set()
         return worker
 
-    async def call(self, request: InferenceRequest) -> InferenceResponse:
-        worker = await self.pick()
-        response: InferenceResponse = await worker.call("call", request)
-        return response
-
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         worker = await self.pick()
         async for response in worker.stream(requests):

@@ -14,7 +14,6 @@ import pytest
 
 from runtime.repository import import_model_class
 from runtime.settings import ModelSettings
-
 from tests.conftest import ROOT, InProcess
 from tests.servers import start_server
 

@@ -17,7 +17,6 @@ import pytest
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.settings import ModelSettings
-
 from tests.conftest import ROOT, STREAMING_EXAMPLES
 from tests.grpc_support import inference_stub
 from tests.servers import RunningServer, serving

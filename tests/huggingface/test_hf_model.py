@@ -19,9 +19,8 @@ from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings
-
-from tests.servers import serving
 from tests.huggingface.tiny_llm import reference, tokenize
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,6 @@ from runtime.model import MLModel
 from runtime.scheduling import AdaptiveScheduler, DirectScheduler
 from runtime.settings import ModelSettings
 from runtime.types import Datatype, InferenceRequest, InferenceResponse, ResponseOutput
-
 from tests.adaptive_helpers import (
     body,
     infer_task,

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from runtime.errors import ModelFailed
-
 from tests.adaptive_helpers import (
     body,
     infer_task,

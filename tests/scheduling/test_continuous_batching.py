@@ -10,11 +10,10 @@ import anyio
 import pytest
 
 from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
-from runtime.scheduling.callers import STREAM_BUFFER
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
+from runtime.streams.window import BUFFERED
 from runtime.types import InferenceRequest, Parameters
-
 from tests.conftest import InProcess
 from tests.continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
 
@@ -193,7 +192,7 @@ async def test_a_slow_reader_sits_out_steps_instead_of_buffering(inprocess: InPr
     fast = await Client(inprocess.dataplane, "fast", length=40).finished()
     assert ticks(fast.chunks) == list(range(1, 41))
     steps_of_slow = sum("slow" in batch for batch in model.batches)
-    assert steps_of_slow <= STREAM_BUFFER + 2  # the one read, a full buffer, and the one being read
+    assert steps_of_slow <= BUFFERED + 2  # the one read, a full buffer, and the one being read
     rest = [chunk async for chunk in slow]
     assert ticks([first, *rest]) == list(range(1, 101))
 

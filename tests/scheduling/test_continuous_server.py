@@ -24,7 +24,6 @@ from httpx_sse import aconnect_sse
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.servers import RunningServer, start_server
 
 pytestmark = pytest.mark.anyio

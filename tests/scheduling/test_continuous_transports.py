@@ -19,11 +19,10 @@ from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.scheduling import ContinuousScheduler
 from runtime.server.serving import Server
-
 from tests.continuous_helpers import ticker_settings
 from tests.continuous_models import Ticker
-from tests.servers import serving
 from tests.scheduling.test_continuous_server import Sse
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-
 from tests.grpc_support import inference_stub, raw_request
 from tests.servers import RunningServer, start_server
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from runtime.types import InferenceRequest, Parameters, RequestInput
-
 from tests.conftest import InProcess
 from tests.sequencing import history, scheduler, serve, step, total, until
 

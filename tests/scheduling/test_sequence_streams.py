@@ -12,7 +12,6 @@ import pytest
 
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput
-
 from tests.conftest import InProcess
 from tests.sequencing import scheduler, serve, until
 

@@ -11,7 +11,6 @@ import pytest
 
 from runtime.sequences.redis_store import RedisStateStore
 from runtime.sequences.store import Commit
-
 from tests.conftest import InProcess
 from tests.sequencing import scheduler, serve, step, total
 

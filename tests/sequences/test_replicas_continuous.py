@@ -15,7 +15,6 @@ from runtime.errors import SequenceElsewhere, SequenceError
 from runtime.scheduling import ContinuousScheduler
 from runtime.sequences.redis_store import RedisStateStore
 from runtime.settings import ModelSettings
-
 from tests.conftest import InProcess
 from tests.continuous_helpers import Client, extra
 from tests.continuous_models import SequenceTicker

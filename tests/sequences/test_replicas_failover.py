@@ -27,7 +27,6 @@ import numpy as np
 import pytest
 
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.conftest import TEST_MODELS
 from tests.external import free_port, haproxy, nginx, redis_server
 from tests.servers import ROOT, RunningServer, start_server

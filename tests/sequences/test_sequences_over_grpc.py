@@ -17,7 +17,6 @@ import tritonclient.http as httpclient
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
-
 from tests.conftest import TEST_MODELS
 from tests.grpc_support import InferenceStub
 from tests.servers import RunningServer, start_server

@@ -14,7 +14,6 @@ from runtime.errors import InvalidInput, ModelFailed, ModelNotFound
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.types import InferenceRequest, InferenceResponse, RequestOutput, ResponseOutput
-
 from tests.conftest import InProcess
 from tests.stream_models import Counter, Endless, Spinner
 

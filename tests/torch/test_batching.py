@@ -28,7 +28,6 @@ from runtime.sequences import SequenceStep
 from runtime.settings import ModelSettings
 from runtime.torch import TorchModel
 from runtime.types import InferenceRequest, InferenceResponse, MetadataTensor, RequestInput
-
 from tests.conftest import InProcess
 from tests.servers import RunningServer, start_server
 from tests.torch_helpers import build_repository, inputs_for, own_forward, own_module, settings_of

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.errors import InvalidInput, ModelFailed
 from runtime.core.registry import Registry
+from runtime.errors import InvalidInput, ModelFailed
 from runtime.settings import ModelSettings
 from runtime.tensors import dtype_of
 from runtime.torch import TensorSpec, TorchRunner, TorchSettings

@@ -18,7 +18,6 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-
 from tests.grpc_support import inference_stub, raw_request
 from tests.servers import RunningServer, start_server
 from tests.torch_helpers import MODELS, OUTPUTS, build_repository, inputs_for, own_forward, own_module

@@ -31,7 +31,6 @@ from httpx_sse import aconnect_sse
 from torch import nn
 
 from runtime.settings import ModelSettings
-
 from tests.conftest import InProcess
 from tests.servers import RunningServer, start_server
 from tests.torch_helpers import build_repository, settings_of

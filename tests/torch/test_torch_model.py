@@ -16,7 +16,6 @@ from runtime.errors import ModelNotReady
 from runtime.settings import ModelSettings
 from runtime.torch import TorchModel
 from runtime.types import Datatype, InferenceRequest, RequestInput
-
 from tests.conftest import InProcess
 from tests.torch_helpers import (
     binary_body,

@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchserve]') is not installed")
 
 from runtime.repository import read_repository
-
 from tests.conftest import InProcess
 from tests.frontends.torchserve.test_rest_api import archive
 

@@ -18,7 +18,6 @@ pytest.importorskip("ts", reason="the torchserve extra (pip install -e '.[torchs
 
 from runtime.frontends.grpc.generated import ts_management_pb2 as mpb
 from runtime.frontends.grpc.generated import ts_management_pb2_grpc as mpb_grpc
-
 from tests.servers import serving
 from tests.torchserve.archiver import run_model_archiver
 

@@ -22,7 +22,6 @@ from runtime.types import Datatype, InferenceRequest, InferenceResponse, Paramet
 from runtime.workers import HeldState, WorkerStartTimeout
 from runtime.workers.connection import decode
 from runtime.workers.wire import encode
-
 from tests.sequencing import until
 
 pytestmark = pytest.mark.anyio

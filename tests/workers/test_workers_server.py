@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings
-
 from tests.sequencing import until
 from tests.servers import serving, start_server
 

@@ -29,12 +29,6 @@ from starlette.routing import BaseRoute, Route
 
 from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
-from runtime.frontends.rest.app import read_body
-from runtime.frontends.rest.disconnect import cancel_on_disconnect
-from runtime.frontends.rest.sse import message_event, sse_response
-from runtime.frontends.rest.status import headers_of, status_of
-from runtime.streams.pipeline import one
-from runtime.types import InferenceResponse
 from runtime.frontends.openai.openai_bodies import (
     Chunks,
     Plan,
@@ -49,6 +43,12 @@ from runtime.frontends.openai.openai_bodies import (
     models_list,
     read_json,
 )
+from runtime.frontends.rest.app import read_body
+from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.sse import message_event, sse_response
+from runtime.frontends.rest.status import headers_of, status_of
+from runtime.streams.pipeline import one
+from runtime.types import InferenceResponse
 
 PREFIXES = ("/v1", "/openai/v1")
 

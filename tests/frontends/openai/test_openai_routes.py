@@ -16,7 +16,6 @@ import pytest
 
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings
-
 from tests.huggingface.tiny_llm import reference, sentences, tokenize
 from tests.servers import serving
 

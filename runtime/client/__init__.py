@@ -1,0 +1,1 @@
+"""Clients of a running server, over the wire: ``mlserver-like infer`` (``batch``)."""

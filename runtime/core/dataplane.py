@@ -1,0 +1,410 @@
+"""The DataPlane: the transport-free core that REST and gRPC both call.
+
+It checks requests (tensors become numpy arrays of their shape, once: ``runtime.core.request_checks``),
+hands them to the model's scheduler, checks what the model returned, and sorts errors at one
+place: client errors pass through, cancellation re-raises, anything else the model raised becomes
+``ModelFailed`` with the cause chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+from runtime.core.client_streams import ModelStream, Reply, Routed, each, in_sessions
+from runtime.core.fairness import LoopTurns
+from runtime.core.generate import (
+    GenerateRequest,
+    GenerateResponse,
+    to_generate_response,
+    to_inference_request,
+    wants_details,
+)
+from runtime.core.model_config import model_config
+from runtime.core.observer import Observer
+from runtime.core.registry import ModelEntry, Registry
+from runtime.core.request_checks import finish_response, prepare_request
+from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
+from runtime.repository import RepositoryError, relative_paths, settings_in_repository
+from runtime.scheduling.queueing import queue_timeout
+from runtime.settings import ModelSettings, Settings
+from runtime.streams.pipeline import StreamError, StreamSession, sort_error
+from runtime.streams.stream_counter import StreamCounter
+from runtime.streams.window import READ_AHEAD
+from runtime.types import (
+    InferenceRequest,
+    InferenceResponse,
+    MetadataModelResponse,
+    MetadataServerResponse,
+    MetadataTensor,
+    Parameters,
+    RepositoryIndexResponseItem,
+    State,
+)
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
+
+T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
+
+
+class DataPlane:
+    """Health, metadata and inference, whatever the transport."""
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.started = False
+        self.draining = False
+        self.streams = StreamCounter()
+        """Streams being served now (every transport, every model)."""
+        self.turns = LoopTurns(settings.transport_fairness)
+        """REST and gRPC's fair turns in the one event loop (see runtime.core.fairness)."""
+        self.observer: Observer | None = None
+        """Metrics and traces of requests and streams (None: both off); see runtime.server.observability."""
+        self.expected: set[tuple[str, str | None]] = set()
+        """The models (name, version) asked for at startup, which strict readiness waits for."""
+        self.unreadable: set[str] = set()
+        """Folders whose model-settings.json could not be read at startup (strict readiness fails)."""
+        self._unary: set[asyncio.Task[Any]] = set()
+        """The tasks serving a unary request now (``infer``)."""
+        self._cut: set[asyncio.Task[Any]] = set()
+        """Those of them that ``cut_unary`` cancelled."""
+
+    # ------------------------------------------------------------------ health and metadata
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Whether the server takes traffic: see ``Settings.strict_readiness`` and the README's Health."""
+        return self.not_ready_because() is None
+
+    def not_ready_because(self) -> str | None:
+        """Why the server is not ready, in words (None when it is)."""
+        if not self.started:
+            return "it is starting"
+        if self.draining:
+            return "it is shutting down"
+        if not self.settings.strict_readiness:
+            return None
+        entries = self.registry.entries()
+        if not entries and self.settings.load_models_at_startup:
+            return "no model is loaded"  # an empty repository, or every model unloaded
+        if self.unreadable:
+            return f"the settings of {', '.join(sorted(self.unreadable))} could not be read"
+        for entry in entries:
+            if not entry.ready:
+                name = f"{entry.name} {entry.version}" if entry.version else entry.name
+                reason = f": {entry.reason}" if entry.reason else ""
+                return f"model {name!r} is {entry.state.value}{reason}"
+        missing = self.expected - {(entry.name, entry.version) for entry in entries}
+        if missing:
+            names = ", ".join(sorted(f"{n} {v}" if v else n for n, v in missing))
+            return f"model(s) asked for at startup are not loaded: {names}"
+        return None
+
+    def expect(self, models: list[ModelSettings], unreadable: list[str]) -> None:
+        """Record the models asked for at startup (and the folders whose settings could not be read)."""
+        self.expected = {(m.name, m.version) for m in models}
+        self.unreadable = set(unreadable)
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
+        return self.registry.find(name, version).ready and not self.draining
+
+    def metadata(self) -> MetadataServerResponse:
+        extensions = list(EXTENSIONS) + [e for e in self.settings.extensions if e not in EXTENSIONS]
+        return MetadataServerResponse(
+            name=self.settings.server_name, version=self.settings.server_version, extensions=extensions
+        )
+
+    async def model_metadata(self, name: str, version: str | None = None) -> MetadataModelResponse:
+        entry = self.registry.get(name, version)
+        assert entry.model is not None
+        meta = await entry.model.metadata()
+        if not meta.versions:
+            meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
+        if entry.scheduler is not None:  # how the model is scheduled, with every batching setting
+            own = meta.parameters.model_dump(exclude_none=True) if meta.parameters else {}
+            meta.parameters = Parameters(**{**entry.scheduler.describe(), **own})
+        return meta
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration JSON, for clients such as perf_analyzer."""
+        entry = self.registry.get(name, version)
+        assert entry.scheduler is not None
+        return model_config(entry.settings, entry.scheduler.describe())
+
+    def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
+        """The declared inputs of a model (empty when its settings declare none)."""
+        return list(self.registry.get(name, version).settings.inputs)
+
+    # ------------------------------------------------------------------ inference
+
+    def check_model(self, name: str, version: str | None = None) -> ModelEntry:
+        """Raise now if the model cannot take a request, before a transport reads the body (a
+        refusal is counted as ``infer`` counts one); return the model's entry, whose settings a
+        transport may read to translate the request."""
+        try:  # what _entry does, written out: this runs twice per request
+            if self.draining:
+                raise ShuttingDown("The server is shutting down")
+            return self.registry.get(name, version)
+        except ServerError as exc:
+            if self.observer is not None:
+                self.observer.refused(name, version, exc)
+            raise
+
+    _checked = check_model
+    """The entry to serve; a refusal is counted (when observed) before it is raised."""
+
+    def _entry(self, name: str, version: str | None) -> ModelEntry:
+        if self.draining:
+            raise ShuttingDown("The server is shutting down")
+        return self.registry.get(name, version)
+
+    async def infer(
+        self,
+        request: InferenceRequest,
+        name: str,
+        version: str | None = None,
+        entry: ModelEntry | None = None,
+    ) -> InferenceResponse:
+        """Serve one request through the model's scheduler and return its checked response.
+
+        ``entry``: what ``check_model(name, version)`` returned for this request in this same turn
+        of the loop (no ``await`` since), which spares looking the model up again."""
+        observer = self.observer
+        if observer is None:
+            return await self._serve(request, entry or self._entry(name, version))
+        if entry is None:
+            entry = self._checked(name, version)  # found once, for the observer and the request alike
+        watch = observer.begin(entry, name, version)
+        if watch is None:
+            return await self._serve(request, entry)
+        try:  # counted and traced here, in this frame: no wrapper coroutine on the hot path
+            response = await self._serve(request, entry)
+        except BaseException as exc:
+            Observer.done(watch, exc)
+            raise
+        Observer.done(watch, None)
+        return response
+
+    async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
+        prepare_request(request, entry)
+        assert entry.scheduler is not None
+        if request.parameters is None:  # what queue_timeout gives then, without the call
+            default = entry.settings.request_timeout
+            limit = default if default > 0 else None
+        else:
+            limit = queue_timeout(request, entry.settings.request_timeout)
+        task = asyncio.current_task()
+        assert task is not None
+        self._unary.add(task)
+        try:
+            if limit is None:
+                response = await entry.scheduler.infer(request)
+            else:
+                async with asyncio.timeout(limit) as deadline:
+                    response = await entry.scheduler.infer(request)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise
+            task.uncancel()
+            logger.warning(
+                "Request %s for model %r cancelled: still running when the shutdown grace period ended",
+                request.id or "(no id)",
+                entry.name,
+            )
+            raise ShuttingDown(
+                f"The server is shutting down: the request for model {entry.name!r} was cancelled "
+                "when the shutdown grace period ended"
+            ) from None
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and limit is not None and deadline.expired():
+                raise RequestTimeout(
+                    f"The request to model {entry.name!r} timed out: it took longer than its timeout of "
+                    f"{limit:g}s, and its work was cancelled"
+                ) from None
+            error = self._shown(sort_error(entry.name, exc))
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self._unary.discard(task)
+            self._cut.discard(task)
+        return finish_response(response, request, entry)
+
+    def _shown(self, error: E) -> E:
+        """``error`` as a client may see it: a model's failure names files relative to the model
+        repository (what a model raised may hold absolute paths), as load errors do."""
+        if isinstance(error, ModelFailed):
+            error.message = relative_paths(error.message, self.settings.model_repository_root)
+            error.args = (error.message,)
+        return error
+
+    def in_flight(self) -> int:
+        """Requests and streams being served now (over every transport)."""
+        return len(self._unary) + self.streams.active
+
+    def cut_unary(self) -> int:
+        """Cancel the unary requests still running (the shutdown grace period is over): each one's
+        caller gets ``ShuttingDown``. Return how many were cancelled."""
+        for task in self._unary:
+            self._cut.add(task)
+            task.cancel()
+        return len(self._unary)
+
+    async def infer_stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse, None]:
+        """Serve a stream of requests with the model's ``predict_stream``; the first error ends it.
+
+        Nothing runs until the first response is asked for; the model and the first request are
+        checked then, so a transport can report those errors before it starts its own stream.
+        Responses are pulled from the model only as fast as they are asked for; closing this
+        iterator (or cancelling its task) closes the model's generator. See ``runtime.streams.pipeline``.
+        """
+        async with aclosing(self._stream(requests, name, version, in_band=False)) as items:
+            async for item in items:
+                if isinstance(item, StreamError):
+                    raise item.error
+                yield item
+
+    def infer_stream_in_band(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
+        """Like ``infer_stream``, but each request's error is yielded in band and the stream goes on.
+
+        A request that fails its checks is answered by a ``StreamError`` (the model never sees it);
+        when the model fails, the error is yielded and the requests after it are served by a fresh
+        call of its ``predict_stream``. Errors of the model or version themselves still raise
+        (at the first step, as with ``infer_stream``).
+        """
+        return self._stream(requests, name, version, in_band=True)
+
+    def infer_routed(self, items: AsyncIterator[Routed[T]]) -> AsyncGenerator[Reply[T], None]:
+        """Serve a client stream whose requests each name their model, MLServer's way.
+
+        Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
+        and the stream goes on. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, default format).
+        """
+        return in_sessions(self.model_stream, items)
+
+    def infer_each(
+        self, items: AsyncIterator[Routed[T]], limit: int = READ_AHEAD
+    ) -> AsyncGenerator[Reply[T], None]:
+        """Serve a client stream whose requests each name their model, Triton's way.
+
+        Every request is a stream of its own, at most ``limit`` at a time; each ends with one
+        ``last`` reply. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, Triton format).
+        """
+        return each(self.model_stream, items, limit)
+
+    def model_stream(self, name: str, version: str | None, in_band: bool) -> ModelStream:
+        """Check the model ``name`` (raising its ServerError now) and give what serves a stream of
+        requests to it, like ``infer_stream_in_band`` (``in_band``) or ``infer_stream``: what
+        the client streams (``runtime.core.client_streams``) are handed, so that they need
+        nothing else of the DataPlane."""
+        self.check_model(name, version)
+        return functools.partial(self._stream, name=name, version=version, in_band=in_band)
+
+    # ------------------------------------------------------------------ generate extension
+
+    def generate_request(
+        self, body: GenerateRequest, name: str, version: str | None = None
+    ) -> tuple[InferenceRequest, Callable[[InferenceResponse], GenerateResponse]]:
+        """The inference request a generate request stands for, and what turns each of its
+        responses into a generate answer. The request is served like any other (``infer`` or
+        ``infer_stream``), so generate and infer share one path: sequences, cancellation, errors."""
+        settings = self._entry(name, version).settings
+        details = wants_details(body)
+        request = to_inference_request(body, settings)
+        return request, lambda response: to_generate_response(response, settings, details)
+
+    async def _stream(
+        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
+    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
+        entry = self._entry(name, version)
+        assert entry.scheduler is not None
+        session = StreamSession(
+            entry.name,
+            entry.scheduler.stream,
+            requests,
+            lambda request: prepare_request(request, entry),
+            lambda response, request: finish_response(response, request, entry),
+        )
+        self.streams.opened()
+        observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
+        ended = False  # the stream ran to its end, or ended with its error: not left by the client
+        try:
+            async with aclosing(session.run(in_band)) as items:
+                async for item in items:
+                    if isinstance(item, StreamError):
+                        self._shown(item.error)
+                    if observed is not None:
+                        observed.event()
+                        ended = not in_band and isinstance(item, StreamError)
+                    yield item
+            ended = True
+        except Exception as exc:
+            ended = True
+            if isinstance(exc, ServerError):
+                self._shown(exc)
+            raise
+        finally:
+            self.streams.closed()
+            if observed is not None:
+                observed.close(cancelled=not ended)
+
+    # ------------------------------------------------------------------ model repository
+
+    async def repository_index(self, ready_only: bool = False) -> list[RepositoryIndexResponseItem]:
+        """Every model version that is loaded, then those of the repository folder that are not."""
+        items = self.registry.index(ready_only)
+        if not ready_only:
+            loaded = {(item.name, item.version) for item in items}
+            found = await self._read_repository(None)
+            items += [
+                RepositoryIndexResponseItem(
+                    name=s.name, version=s.version, state=State.UNAVAILABLE, reason="not loaded"
+                )
+                for s in found
+                if (s.name, s.version) not in loaded
+            ]
+        return items
+
+    async def repository_load(self, name: str) -> None:
+        """(Re)load every version of ``name`` from its model-settings.json in the repository folder.
+
+        A model that is loaded keeps serving until its new instance is ready (the registry swaps).
+        """
+        found = await self._read_repository(name)
+        if not found:
+            raise ModelNotFound(name)
+        for model_settings in found:
+            entry = await self.registry.load(model_settings)
+            if entry.state is State.UNAVAILABLE:
+                raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
+        self.unreadable.discard(name)
+
+    async def repository_unload(self, name: str) -> None:
+        """Unload every version of ``name``; ModelNotFound when none is loaded.
+
+        Strict readiness stops waiting for it: the model was asked to leave.
+        """
+        await self.registry.unload(name)
+        self.expected = {key for key in self.expected if key[0] != name}
+
+    async def _read_repository(self, name: str | None) -> list[ModelSettings]:
+        root = self.settings.model_repository_root
+        try:
+            return await asyncio.to_thread(settings_in_repository, root, name)
+        except RepositoryError as exc:
+            raise ModelFailed(f"Cannot read the model repository: {relative_paths(str(exc), root)}") from exc
