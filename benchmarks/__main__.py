@@ -1,6 +1,6 @@
 """The benchmark: this server against the bare ceilings, side by side in one run.
 
-    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular,many-models]
+    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular,many-models,llm]
                           [--rounds 3] [--seconds 3] [--no-pin] [--baseline OTHER_CHECKOUT]
                           [--mlserver MLSERVER_COMMAND]
 
@@ -35,7 +35,10 @@ Rows (``--only`` picks some):
   (``benchmarks/bench_tabular.py``, its own table, printed after the others);
 - ``many-models``: a hot model's p50 and p99 beside a client asking a cold model every 100 ms
   (each a load on demand and an eviction) against the same hot loop alone
-  (``benchmarks/bench_many_models.py``; targets: within 1.2x and 2x).
+  (``benchmarks/bench_many_models.py``; targets: within 1.2x and 2x);
+- ``llm``: a Hugging Face language model of a few million weights, 16 streamed OpenAI completions
+  of 64 tokens on the server's one core, against ``model.generate`` one request at a time and on
+  one static batch (``benchmarks/bench_llm.py``, which runs alone too); needs the ``llm`` extra.
 
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
@@ -85,7 +88,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from tests.servers import RunningServer, start_server  # noqa: E402
 
-ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular", "many-models"]
+ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular", "many-models", "llm"]
 TARGETS = {"rest": 0.8, "rest-1": 0.9, "grpc": 0.9, "torch": 1.5, "sequence": 0.85}
 START_TARGET_S = 0.3  # echo alone: at most this; torch examples: at most import torch + this
 RSS_TARGET_MIB = 50.0
@@ -683,6 +686,32 @@ def print_table(rows: list[Row], extra: list[Extra], before: bool) -> bool:
     return all_met
 
 
+def llm_rows() -> list[Extra]:
+    """The ``llm`` row: benchmarks/bench_llm.py's figures (16 streams x 64 tokens)."""
+    from benchmarks import bench_llm
+
+    figures = bench_llm.run(streams=16, tokens=64, rounds=2, hidden=256, layers=4)
+    server = f"{figures['server']:.0f} tok/s (TTFT p50 {figures['ttft_p50_ms']:.0f} ms)"
+    return [
+        Extra(
+            "LLM, 16 streams x 64 tokens vs generate one at a time",
+            server,
+            f"generate alone: {figures['alone']:.0f} tok/s",
+            f"**{figures['vs_alone']:.2f}**",
+            f">= {bench_llm.TARGET_ALONE:g}",
+            figures["vs_alone"] >= bench_llm.TARGET_ALONE,
+        ),
+        Extra(
+            "LLM, 16 streams x 64 tokens vs generate on one static batch",
+            server,
+            f"static batch: {figures['static']:.0f} tok/s",
+            f"**{figures['vs_static']:.2f}**",
+            f">= {bench_llm.TARGET_STATIC:g}",
+            figures["vs_static"] >= bench_llm.TARGET_STATIC,
+        ),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m benchmarks",
@@ -771,6 +800,8 @@ def measure_rows(args: argparse.Namespace) -> bool:
     )
     try:
         extra = bench.startup() if "startup" in args.only else []
+        if "llm" in args.only:
+            extra += llm_rows()
         rows = bench.build_rows()
         if "memory" in args.only:
             extra.append(

@@ -25,6 +25,7 @@ IMPLEMENTATION_ALIASES: Mapping[str, str] = MappingProxyType(
         "mlserver_xgboost.XGBoostModel": "runtime.xgboost.XGBoostModel",
         "mlserver_lightgbm.LightGBMModel": "runtime.lightgbm.LightGBMModel",
         "mlserver_mlflow.MLflowRuntime": "runtime.mlflow.MLflowModel",
+        "mlserver_huggingface.HuggingFaceRuntime": "runtime.huggingface.HuggingFaceModel",
     }
 )
 """MLServer's runtime classes (as model-settings.json and ``MLSERVER_MODEL_IMPLEMENTATION`` name
@@ -115,8 +116,8 @@ def import_model_class(settings: ModelSettings) -> type:
     under a name unique to the folder, so that two models may both keep their code in model.py.
     ``.module.Class`` (a leading dot) names a file of the model's folder only. Either way the file
     must lie inside the model's folder: a path that escapes it (``..evil.Model``) is refused.
-    Anything else is imported normally. MLServer's runtime names (``mlserver_sklearn.SKLearnModel``...)
-    are the built-in runtimes' (:data:`IMPLEMENTATION_ALIASES`).
+    Anything else is imported normally. MLServer's runtime names (``mlserver_sklearn.SKLearnModel``,
+    ``mlserver_huggingface.HuggingFaceRuntime``...) are the built-in runtimes' (:data:`IMPLEMENTATION_ALIASES`).
     """
     implementation = settings.implementation
     if isinstance(implementation, type):

@@ -31,7 +31,9 @@ HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette
 # what an echo model served over REST and gRPC never needs
 NOT_FOR_ECHO = [
     "torch",
+    "transformers",
     "runtime.torch.torch_model",
+    "runtime.huggingface",
     "mlflow",
     "pandas",
     "runtime.mlflow.mlflow_model",

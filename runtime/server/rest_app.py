@@ -31,6 +31,7 @@ from runtime.errors import ServerError
 from runtime.frontends.docs.pages import docs_routes
 from runtime.frontends.kserve.v1 import KServeV1
 from runtime.frontends.mlflow.scoring import MLflowScoring
+from runtime.frontends.openai.openai_routes import OpenAIApi
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
 from runtime.frontends.rest.custom_routes import CustomHandlerRoutes
 from runtime.frontends.rest.middleware import wants_middleware, with_middleware
@@ -202,7 +203,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
     torchserve = TorchServeRest(dataplane)
     oip = api.routes()
     # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
-    # straight), then TorchServe's and KServe's inference routes, then everything else
+    # straight), then TorchServe's, KServe's and the OpenAI API's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
     app = RestApp(
         api,
@@ -210,6 +211,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         hot
         + torchserve.routes()
         + KServeV1(dataplane).routes()
+        + OpenAIApi(dataplane).routes()
         + docs_routes(dataplane)
         + other
         + StreamingApi(api).routes()

@@ -32,6 +32,7 @@ from runtime.telemetry.counts import (
     Recorder,
     merge,
 )
+from runtime.telemetry.tokens import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, TokenStats
 
 if TYPE_CHECKING:
     from runtime.core.registry import Registry
@@ -263,6 +264,7 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
     yield states
     yield from (running, waiting)
     yield from _worker_families(registry)
+    yield from _token_families(registry)
 
 
 def _worker_families(registry: Registry) -> Iterator[Metric]:
@@ -342,6 +344,53 @@ def _residency_families(registry: Registry) -> Iterator[Metric]:
     for (name, version), n in sorted(cache.misses.items()):
         misses.add_metric([name, version], n)
     yield from (hits, misses)
+
+
+def _token_families(registry: Registry) -> Iterator[Metric]:
+    """vLLM's families, for the language models (those whose model keeps ``token_stats``)."""
+    prompt = CounterMetricFamily("vllm:prompt_tokens", "Prompt tokens prefilled", labels=MODEL_LABELS)
+    generated = CounterMetricFamily("vllm:generation_tokens", "Tokens generated", labels=MODEL_LABELS)
+    success = CounterMetricFamily(
+        "vllm:request_success",
+        "Generation requests ended, by finished_reason (stop, length, abort, error)",
+        labels=(*MODEL_LABELS, "finished_reason"),
+    )
+    ttft = HistogramMetricFamily(
+        "vllm:time_to_first_token_seconds",
+        "Seconds from a request's arrival (waiting included) to its first token",
+        labels=MODEL_LABELS,
+    )
+    itl = HistogramMetricFamily(
+        "vllm:inter_token_latency_seconds", "Seconds between two tokens of a stream", labels=MODEL_LABELS
+    )
+    e2e = HistogramMetricFamily(
+        "vllm:e2e_request_latency_seconds",
+        "Seconds from a request's arrival to its last token",
+        labels=MODEL_LABELS,
+    )
+    running = GaugeMetricFamily("vllm:num_requests_running", "Streams generating now", labels=MODEL_LABELS)
+    waiting = GaugeMetricFamily(
+        "vllm:num_requests_waiting", "Streams waiting for a slot now", labels=MODEL_LABELS
+    )
+    for entry in registry.entries():
+        stats: TokenStats | None = getattr(entry.model, "token_stats", None)
+        if not isinstance(stats, TokenStats):
+            continue
+        labels = [entry.name, entry.version or ""]
+        prompt.add_metric(labels, stats.prompt_tokens)
+        generated.add_metric(labels, stats.generation_tokens)
+        for reason, count in sorted(stats.requests.items()):
+            success.add_metric([*labels, reason], count)
+        for family, histogram, bounds in (
+            (ttft, stats.ttft, TTFT_BUCKETS),
+            (itl, stats.inter_token, ITL_BUCKETS),
+            (e2e, stats.e2e, E2E_BUCKETS),
+        ):
+            family.add_metric(labels, _buckets(histogram.counts, bounds), histogram.sum)
+        scheduler = entry.scheduler
+        running.add_metric(labels, getattr(scheduler, "running", 0))
+        waiting.add_metric(labels, getattr(scheduler, "queued", 0))
+    yield from (prompt, generated, success, ttft, itl, e2e, running, waiting)
 
 
 def new_registry(collector: ServerCollector) -> CollectorRegistry:
