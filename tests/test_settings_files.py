@@ -1,4 +1,4 @@
-"""Unknown keys in settings.json and model-settings.json (``runtime.settings.unknown_keys``): each
+"""Unknown keys in settings.json and model-settings.json (``runtime.settings_files.unknown_keys``): each
 is warned about once, naming the key, the file and the closest field, and the server still starts."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.settings import ModelSettings, Settings, unknown_keys
+from runtime.settings import ModelSettings, Settings
+from runtime.settings_files import parse_size, read_json, unknown_keys
 from tests.servers import start_server
 
 
@@ -78,3 +79,37 @@ def test_a_server_started_with_misspelt_keys_logs_one_line_each_and_serves(tmp_p
         "'strict_readines'" in lines[0] and "settings.json" in lines[0] and "'strict_readiness'" in lines[0]
     )
     assert "'max_batch_tme'" in lines[1] and str(model) in lines[1] and "'max_batch_time'" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("1024", 1024),
+        ("512MiB", 512 * 1024**2),
+        ("4GiB", 4 * 1024**3),
+        ("800MB", 800 * 1000**2),
+        ("1.5k", 1500),
+    ],
+)
+def test_sizes_are_read_with_their_units(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "12 parsecs", "-1MiB", ""])
+def test_a_size_that_is_not_one_is_refused_saying_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_size(text)
+
+
+def test_a_settings_file_must_hold_a_json_object(tmp_path: Path) -> None:
+    good, listed, broken = tmp_path / "good.json", tmp_path / "listed.json", tmp_path / "broken.json"
+    good.write_text('{"http_port": 1}')
+    listed.write_text("[1, 2]")
+    broken.write_text("{")
+    assert read_json(good) == {"http_port": 1}
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        read_json(listed)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_json(broken)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_json(tmp_path / "missing.json")
