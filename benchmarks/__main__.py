@@ -1,7 +1,8 @@
 """The benchmark: this server against the bare ceilings, side by side in one run.
 
-    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory]
+    python3 -m benchmarks [--quick] [--only rest,rest-1,grpc,torch,sequence,startup,memory,tabular,many-models,llm]
                           [--rounds 3] [--seconds 3] [--no-pin] [--baseline OTHER_CHECKOUT]
+                          [--mlserver MLSERVER_COMMAND]
 
 Every server runs as its own process on 127.0.0.1 with free ports: this server (``mlserver-like
 start``) on the folders each row needs, and the bare ceilings of ``benchmarks/bare.py`` (bare
@@ -26,7 +27,18 @@ Rows (``--only`` picks some):
   same server at the same concurrency;
 - ``startup``: cold start to ready of the echo model alone, and of the torch examples against
   ``import torch`` (+ 0.3 s is the target); medians of interleaved starts;
-- ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server).
+- ``memory``: resident memory of the idle echo-only server (and of the bare Starlette server);
+- ``tabular``: a scikit-learn LogisticRegression and an XGBClassifier served by this server
+  (unbatched, and with adaptive batching) and by MLServer 1.7.1 (``--mlserver CMD`` or
+  ``BENCH_MLSERVER``; without it that side is skipped) on the same files, ``--clients`` clients
+  sending one row each: requests per server-CPU-second against MLServer's
+  (``benchmarks/bench_tabular.py``, its own table, printed after the others);
+- ``many-models``: a hot model's p50 and p99 beside a client asking a cold model every 100 ms
+  (each a load on demand and an eviction) against the same hot loop alone
+  (``benchmarks/bench_many_models.py``; targets: within 1.2x and 2x);
+- ``llm``: a Hugging Face language model of a few million weights, 16 streamed OpenAI completions
+  of 64 tokens on the server's one core, against ``model.generate`` one request at a time and on
+  one static batch (``benchmarks/bench_llm.py``, which runs alone too); needs the ``llm`` extra.
 
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
@@ -63,6 +75,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import bench_tabular  # noqa: E402
 from benchmarks import instructions as counting  # noqa: E402
 from benchmarks.loadgen import (  # noqa: E402
     Result,
@@ -75,7 +88,7 @@ from benchmarks.loadgen import (  # noqa: E402
 )
 from tests.servers import RunningServer, start_server  # noqa: E402
 
-ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory"]
+ROWS = ["rest", "rest-1", "grpc", "torch", "sequence", "startup", "memory", "tabular", "many-models", "llm"]
 TARGETS = {"rest": 0.8, "rest-1": 0.9, "grpc": 0.9, "torch": 1.5, "sequence": 0.85}
 START_TARGET_S = 0.3  # echo alone: at most this; torch examples: at most import torch + this
 RSS_TARGET_MIB = 50.0
@@ -673,6 +686,32 @@ def print_table(rows: list[Row], extra: list[Extra], before: bool) -> bool:
     return all_met
 
 
+def llm_rows() -> list[Extra]:
+    """The ``llm`` row: benchmarks/bench_llm.py's figures (16 streams x 64 tokens)."""
+    from benchmarks import bench_llm
+
+    figures = bench_llm.run(streams=16, tokens=64, rounds=2, hidden=256, layers=4)
+    server = f"{figures['server']:.0f} tok/s (TTFT p50 {figures['ttft_p50_ms']:.0f} ms)"
+    return [
+        Extra(
+            "LLM, 16 streams x 64 tokens vs generate one at a time",
+            server,
+            f"generate alone: {figures['alone']:.0f} tok/s",
+            f"**{figures['vs_alone']:.2f}**",
+            f">= {bench_llm.TARGET_ALONE:g}",
+            figures["vs_alone"] >= bench_llm.TARGET_ALONE,
+        ),
+        Extra(
+            "LLM, 16 streams x 64 tokens vs generate on one static batch",
+            server,
+            f"static batch: {figures['static']:.0f} tok/s",
+            f"**{figures['vs_static']:.2f}**",
+            f">= {bench_llm.TARGET_STATIC:g}",
+            figures["vs_static"] >= bench_llm.TARGET_STATIC,
+        ),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m benchmarks",
@@ -699,6 +738,7 @@ def main() -> int:
     parser.add_argument("--max-concurrent-batches", type=int, default=1, help="torch row")
     parser.add_argument("--sequences", type=int, default=128, help="sequence row: concurrent sequences")
     parser.add_argument("--no-pin", action="store_true", help="leave every process on every core")
+    bench_tabular.add_arguments(parser)
     parser.add_argument(
         "--baseline",
         metavar="DIR",
@@ -733,6 +773,19 @@ def main() -> int:
         if getattr(args, name) is None:
             setattr(args, name, default)
 
+    tabular = "tabular" in args.only
+    args.only = [name for name in args.only if name != "tabular"]
+    met = True
+    if args.only:
+        met = measure_rows(args)
+    if tabular:
+        met &= bench_tabular.run(args) == 0
+    print("every target met" if met else "some targets not met")
+    return 0
+
+
+def measure_rows(args: argparse.Namespace) -> bool:
+    """The rows of this module (every one but ``tabular``); whether every target was met."""
     bench = Bench(args)
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
@@ -747,6 +800,8 @@ def main() -> int:
     )
     try:
         extra = bench.startup() if "startup" in args.only else []
+        if "llm" in args.only:
+            extra += llm_rows()
         rows = bench.build_rows()
         if "memory" in args.only:
             extra.append(
@@ -765,12 +820,43 @@ def main() -> int:
             import uvloop
 
             uvloop.run(bench.measure(rows))
+        if "many-models" in args.only:
+            os.sched_setaffinity(0, bench.server_cpus | bench.load_cpus)  # it pins its own server
+            extra += many_models(args)
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
         met = print_table(rows, extra, bench.baseline is not None)
     finally:
         bench.close()
-    print("every target met" if met else "some targets not met")
-    return 0
+    return met
+
+
+def many_models(args: argparse.Namespace) -> list[Extra]:
+    """The ``many-models`` row: ``benchmarks/bench_many_models.py`` in this run's rounds."""
+    from benchmarks import bench_many_models as bench
+
+    figures = bench.run(rounds=args.rounds, seconds=args.seconds, pinned=not args.no_pin)
+    bench.report(figures)
+    (a50, a99, _), (b50, b99, _) = figures["alone"], figures["beside"]
+    sides = f"alone {a50:.3f} / {a99:.3f} ms"
+    beside = f"{b50:.3f} / {b99:.3f} ms"
+    return [
+        Extra(
+            "hot p50 beside a cold load every 100 ms",
+            beside,
+            sides,
+            f"{b50 / a50:.2f}",
+            f"<= {bench.P50_TARGET:g}x",
+            b50 / a50 <= bench.P50_TARGET and not figures["errors"],
+        ),
+        Extra(
+            "hot p99 beside a cold load every 100 ms",
+            beside,
+            sides,
+            f"{b99 / a99:.2f}",
+            f"<= {bench.P99_TARGET:g}x",
+            b99 / a99 <= bench.P99_TARGET and not figures["errors"],
+        ),
+    ]
 
 
 def instructions(args: argparse.Namespace) -> int:

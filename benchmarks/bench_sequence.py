@@ -40,15 +40,19 @@ from tests.servers import RunningServer, start_server  # noqa: E402
 EXAMPLE = ROOT / "examples" / "sequences" / "lstm"
 
 
-def write_models(folder: Path, variants: dict[str, dict[str, Any]], threads: int) -> None:
-    """One copy of the LSTM example per variant: its name, and the settings it changes."""
+def write_models(
+    folder: Path, variants: dict[str, dict[str, Any]], threads: int, sizes: dict[str, int] | None = None
+) -> None:
+    """One copy of the LSTM example per variant: its name, and the settings it changes (``sizes``:
+    the LSTM's ``hidden`` and ``layers``, when not the example's)."""
     base = json.loads((EXAMPLE / "model-settings.json").read_text())
     for name, changes in variants.items():
         target = folder / name
         target.mkdir()
         shutil.copy(EXAMPLE / "model.py", target / "model.py")
         settings = {**base, "name": name, **changes}
-        settings["parameters"] = {"extra": {**base["parameters"]["extra"], "torch_threads": threads}}
+        extra = {**base["parameters"]["extra"], **(sizes or {}), "torch_threads": threads}
+        settings["parameters"] = {"extra": extra}
         (target / "model-settings.json").write_text(json.dumps(settings))
 
 
@@ -201,6 +205,8 @@ def arguments(
     parser.add_argument("--transports", nargs="+", choices=["rest", "grpc"], default=transports)
     parser.add_argument("--rounds", type=int, default=rounds, help="alternating slices per configuration")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of the server")
+    parser.add_argument("--hidden", type=int, default=512, help="the LSTM's hidden size (512: the example's)")
+    parser.add_argument("--layers", type=int, default=2, help="the LSTM's layers (2: the example's)")
     return parser.parse_args()
 
 
@@ -208,7 +214,9 @@ def bench(args: argparse.Namespace, variants: dict[str, dict[str, Any]], headlin
     """Serve the two variants (the first two of ``variants``) from one server and compare them."""
     first, second = list(variants)[:2]
     with tempfile.TemporaryDirectory() as folder:
-        write_models(Path(folder), variants, args.torch_threads)
+        write_models(
+            Path(folder), variants, args.torch_threads, {"hidden": args.hidden, "layers": args.layers}
+        )
         server = start_server(folder, timeout=120)
         try:
             import uvloop

@@ -1,6 +1,8 @@
 """What a shared sequence store costs: steps per second with Redis against the in-process store.
 
     python3 benchmarks/bench_sequence_store.py [--seconds 6] [--sequences 128] [--transports rest grpc]
+    python3 benchmarks/bench_sequence_store.py --hidden 8 --layers 1 --frames 1   # a light model
+
 
 Starts a private redis-server on 127.0.0.1 (a free port) and one server with two copies of
 ``examples/sequences/lstm`` (80 features per frame, 2 LSTM layers of 512, its state two tensors of
@@ -10,7 +12,9 @@ fresh lease are claimed (a lease) and their states loaded with one script call, 
 writes its new states, step counts and leases with one fenced script call (one round trip per
 batch; the states pickled, tensors as their bytes). N clients each run one sequence closed-loop as
 in ``bench_sequence.py``; the two models alternate in short slices of one run, so a change of load
-on a shared machine weighs on both alike. The ratio redis / memory is the figure of merit.
+on a shared machine weighs on both alike. The ratio redis / memory is the figure of merit. With a
+light model (``--hidden 8 --layers 1 --frames 1``) the server's own work per step dominates, which
+is where the store's cost shows most.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def main() -> None:
         bench(
             args,
             {"lstm": {**store, "sequence_store": "memory"}, "lstm-redis": {**store, "sequence_store": url}},
-            f"LSTM 80 -> 2 x 512 -> 32, {args.frames} frames per step, Redis at {url}",
+            f"LSTM 80 -> {args.layers} x {args.hidden} -> 32, {args.frames} frames per step, Redis at {url}",
             lambda transport, n, memory, redis: (
                 f"{transport:4s} N={n:4d}  memory {memory:8.1f} steps/s   redis {redis:8.1f} steps/s   "
                 f"redis/memory {redis / memory:5.2f}"

@@ -60,6 +60,7 @@ sequence ends, for whatever reason, once none of its streams runs. Streams outsi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -123,9 +124,12 @@ class StreamSequence(SequenceFlags):
 class Stream:
     """One running stream, as the model sees it in ``start_stream``, ``step`` and ``end_stream``."""
 
-    __slots__ = ("id", "request", "sequence", "state", "steps")
+    __slots__ = ("arrived", "id", "request", "sequence", "state", "steps")
 
     def __init__(self, request: InferenceRequest, stream_id: str) -> None:
+        self.arrived = time.monotonic()
+        """When the request was taken, before it waited to join (``time.monotonic``): a language
+        model measures its time to first token from here."""
         self.request = request
         """The request that started the stream, with every input's data already a numpy array."""
         self.id = stream_id

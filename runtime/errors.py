@@ -18,6 +18,7 @@ its own codes through one table (``runtime/frontends/rest/status.py``, ``runtime
     │   │   └── QueueTimeout  it waited in a queue for longer than its timeout
     │   ├── WorkerLost        the worker process serving it died
     │   └── ShuttingDown      the server is draining
+    ├── Unauthenticated       the operation needs a key the request does not carry  401 / UNAUTHENTICATED
     ├── ModelFailed           the model raised; the cause is chained                500 / INTERNAL
     └── Cancelled             the caller went away or cancelled                     499 / CANCELLED
 
@@ -137,6 +138,10 @@ class SequenceStepConflict(ServerError):
         self.expected = expected
 
 
+class Unauthenticated(ServerError):
+    """The operation needs a key (the management key) that the request does not carry."""
+
+
 class ModelFailed(ServerError):
     """The model raised while serving the request; ``__cause__`` holds what it raised."""
 
@@ -177,6 +182,7 @@ __all__ = [
     "SequenceStepConflict",
     "ServerError",
     "ShuttingDown",
+    "Unauthenticated",
     "Unavailable",
     "WorkerLost",
     "internal_error",

@@ -20,10 +20,8 @@ def new_id() -> str:
 
 def assign_id(request: InferenceRequest) -> str:
     """The request's id, made now if it came without one: the one place request ids are assigned."""
-    if request.id is None:  # new_id, written out (one call per request, not three)
-        value = (getrandbits(128) & _VERSION_4[0]) | _VERSION_4[1]
-        text = f"{value:032x}"
-        made = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    if request.id is None:
+        made = _uuid_text(getrandbits(128))  # (new_id without its frame: once per request)
         set_field(request, "id", made)
         return made
     return request.id
@@ -35,6 +33,7 @@ def new_secret_id() -> str:
 
 
 def _uuid_text(bits: int) -> str:
+    """The version-4 UUID made of 128 random ``bits``, in its usual text form."""
     value = (bits & _VERSION_4[0]) | _VERSION_4[1]
     text = f"{value:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"

@@ -7,9 +7,16 @@ It follows MLServer's ``MLModel`` so that a model written for MLServer runs here
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
-from runtime.codecs import InputCodec, RequestCodec, find_input_codec, find_request_codec
+from runtime.codecs import (
+    InputCodec,
+    RequestCodec,
+    decode_inference_request,
+    find_input_codec,
+    find_request_codec,
+    input_codec,
+)
 from runtime.errors import InvalidInput
 from runtime.settings import ModelSettings
 from runtime.types import (
@@ -26,6 +33,11 @@ from runtime.types import (
 
 class MLModel:
     """Base class of every model the server serves."""
+
+    default_outputs_all: ClassVar[bool] = True
+    """Whether a request that names no outputs is answered with every output the model has. The
+    adaptive batcher then merges it with requests that name some; a model whose default is fewer
+    outputs (scikit-learn's is ``predict`` alone) sets False, and such requests batch apart."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self._settings = settings
@@ -113,12 +125,12 @@ class MLModel:
     def decode_request(
         self, inference_request: InferenceRequest, default_codec: type[RequestCodec] | None = None
     ) -> Any:
-        """Decode a whole request by its content type, the model's, or ``default_codec``."""
-        content_type = inference_request.parameters.content_type if inference_request.parameters else None
-        if content_type is None and self._settings.parameters:
-            content_type = self._settings.parameters.content_type
-        codec = find_request_codec(content_type=content_type) if content_type else default_codec
-        return codec.decode_request(inference_request) if codec else inference_request
+        """Decode a whole request by its content type, the model's, or ``default_codec``; each
+        input keeps its own content type (``runtime.codecs.content_types`` has the rules)."""
+        model_content_type = self._settings.parameters.content_type if self._settings.parameters else None
+        return decode_inference_request(
+            inference_request, model_content_type, self._inputs_index, default_codec
+        )
 
     def encode_response(
         self, payload: Any, default_codec: type[RequestCodec] | None = None
@@ -146,11 +158,4 @@ class MLModel:
     def _input_codec(
         self, request_input: RequestInput, default_codec: type[InputCodec] | None
     ) -> type[InputCodec] | None:
-        content_type = request_input.parameters.content_type if request_input.parameters else None
-        if content_type is None:
-            declared = self._inputs_index.get(request_input.name)
-            if declared is not None and declared.parameters is not None:
-                content_type = declared.parameters.content_type
-        if content_type is not None:
-            return find_input_codec(content_type=content_type)
-        return default_codec
+        return input_codec(request_input, self._inputs_index, default_codec)

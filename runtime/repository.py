@@ -8,8 +8,9 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 
 from runtime.settings import MODEL_ENV_PREFIX, MODEL_SETTINGS_FILENAME, ModelSettings
 
@@ -17,6 +18,18 @@ logger = logging.getLogger(__name__)
 
 
 _SEPARATORS = frozenset("/\\\0")
+
+IMPLEMENTATION_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "mlserver_sklearn.SKLearnModel": "runtime.sklearn.SKLearnModel",
+        "mlserver_xgboost.XGBoostModel": "runtime.xgboost.XGBoostModel",
+        "mlserver_lightgbm.LightGBMModel": "runtime.lightgbm.LightGBMModel",
+        "mlserver_mlflow.MLflowRuntime": "runtime.mlflow.MLflowModel",
+        "mlserver_huggingface.HuggingFaceRuntime": "runtime.huggingface.HuggingFaceModel",
+    }
+)
+"""MLServer's runtime classes (as model-settings.json and ``MLSERVER_MODEL_IMPLEMENTATION`` name
+them, KServe's ``kserve-mlserver`` runtime included) and the built-in runtime serving each here."""
 
 
 class RepositoryError(Exception):
@@ -103,11 +116,13 @@ def import_model_class(settings: ModelSettings) -> type:
     under a name unique to the folder, so that two models may both keep their code in model.py.
     ``.module.Class`` (a leading dot) names a file of the model's folder only. Either way the file
     must lie inside the model's folder: a path that escapes it (``..evil.Model``) is refused.
-    Anything else is imported normally.
+    Anything else is imported normally. MLServer's runtime names (``mlserver_sklearn.SKLearnModel``,
+    ``mlserver_huggingface.HuggingFaceRuntime``...) are the built-in runtimes' (:data:`IMPLEMENTATION_ALIASES`).
     """
     implementation = settings.implementation
     if isinstance(implementation, type):
         return implementation
+    implementation = IMPLEMENTATION_ALIASES.get(implementation, implementation)
     module_name, _, class_name = implementation.rpartition(".")
     relative = module_name.startswith(".")
     module_name = module_name[1:] if relative else module_name
@@ -156,6 +171,18 @@ def _local_file(folder: Path, parts: list[str], implementation: str) -> Path | N
 
 def _shown(folder: Path | None) -> str:
     return repr(folder.name) if folder is not None else "''"
+
+
+def forget_local_modules(folder: Path) -> None:
+    """Forget the modules loaded from ``folder``'s files, so that the next load of its model reads
+    them again (a model file changed in place)."""
+    inside = folder.resolve()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("_mlserver_like_models.m"):
+            continue
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().is_relative_to(inside):
+            del sys.modules[name]
 
 
 def _load_local(path: Path, module_name: str, folder: Path) -> ModuleType:

@@ -13,6 +13,7 @@ import difflib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -200,9 +201,13 @@ class Settings(BaseSettings):
     server is ready once it started, whatever its models' states (each model's own ready endpoint
     still tells)."""
 
-    loop_block_warning: float = Field(default=0.5, ge=0)
+    loop_block_warning: float = Field(default=0.1, ge=0)
     """Seconds the event loop may stay blocked (e.g. by a model's ``async def predict`` computing
-    without awaiting) before the server logs a warning naming the model; 0 turns the check off."""
+    without awaiting) before the server logs a warning naming the model; 0 turns the check off.
+    The default is asyncio's own threshold for a slow callback (``slow_callback_duration``): every
+    request on the server waits while the loop is blocked. A stall with no model's code on the
+    loop's stack (an import on first use, a full garbage collection) is reported once it lasts
+    five times as long."""
 
     transport_fairness: bool = True
     """Share the event loop fairly between REST and gRPC: while gRPC inference calls are being
@@ -233,6 +238,14 @@ class Settings(BaseSettings):
     and written to ``management_key_file`` (readable by the server's user only), as TorchServe
     0.11 does. Turn it off only where the port is otherwise protected."""
 
+    repository_token_auth: bool = True
+    """Require the management key (``Authorization: Bearer <key>``, the key in
+    ``management_key_file``) on the model repository extension's load and unload, on the inference
+    ports: REST ``POST /v2/repository/models/{name}/load`` and ``/unload``, gRPC
+    ``RepositoryModelLoad`` and ``RepositoryModelUnload``. Without it they answer 401 /
+    UNAUTHENTICATED, as Triton refuses them unless its model control mode allows them. False opens
+    them to every client of the inference ports. The repository index (read-only) is always open."""
+
     management_key_file: str = ""
     """Where the management key is written (JSON ``{"management": {"key": ...}}``, mode 0600,
     removed at stop); empty: a ``key_file.json`` in a private temporary folder, whose path is logged."""
@@ -250,6 +263,45 @@ class Settings(BaseSettings):
     start_stream/async_stream_infer do: errors in ``error_message``, every response carries the
     parameter ``triton_final_response``. Either way the stream stays open after an error."""
 
+    mlflow_model: str | None = None
+    """The model that answers MLflow's scoring route ``POST /invocations`` (and ``/health``). Unset:
+    the only MLflow model loaded (``runtime.mlflow.MLflowModel``), else the only model loaded; with
+    several of either and none named here, ``/invocations`` answers 404 saying so."""
+
+    max_loaded_models: int = Field(default=0, ge=0)
+    """Most model versions loaded at once; 0: no limit. With a limit (this or
+    ``models_memory_limit``), every model of the repository is registered, those not loaded are
+    listed UNAVAILABLE ("not loaded") and loaded by the first request naming them, and the least
+    recently used idle model is unloaded to make room (see docs/many-models.md)."""
+
+    models_memory_limit: int = Field(default=0, ge=0)
+    """Most resident memory the loaded models may add, in bytes or as text (``"512MiB"``,
+    ``"4GiB"``, ``"800MB"``); 0: no limit. Each model's share is measured when it loads (the growth
+    of the resident set of the server process, or of its worker processes). Loads run one at a
+    time, so the total may pass the limit by at most the model being loaded."""
+
+    model_load_wait: float = Field(default=60.0, gt=0)
+    """Most seconds a request waits for its model to be loaded on demand (and for room to load
+    it while every loaded model is busy) before it gets 503 with ``Retry-After``; a request's own
+    timeout shortens it."""
+
+    repository_poll_interval: float = Field(default=0.0, ge=0)
+    """Seconds between two looks at the model repository (Triton's POLL mode); 0: off. A new
+    model folder is registered (and loaded, unless models load on demand), a changed
+    model-settings.json or model file reloads its model (the old copy serves until the new one is
+    ready), a removed folder unloads its model once its work has ended."""
+
+    response_cache: str = Field(default="", pattern=r"^(|memory|rediss?://.*)$")
+    """Where the answers of models with ``"response_cache": true`` are kept: empty (off),
+    ``memory`` (an LRU of ``response_cache_size`` answers in this process) or
+    ``redis://host:port/db`` (shared by the replicas; entries expire after ``response_cache_ttl``)."""
+
+    response_cache_size: int = Field(default=1024, ge=1)
+    """Most answers the ``memory`` response cache holds (least recently used dropped first)."""
+
+    response_cache_ttl: float = Field(default=300.0, gt=0)
+    """Seconds a response cached in Redis lives."""
+
     grpc_tls_certificate: str | None = None
     """Path of a PEM certificate (chain) for the gRPC port; with grpc_tls_private_key it turns TLS on."""
 
@@ -265,6 +317,11 @@ class Settings(BaseSettings):
         if value and not value.startswith("/"):
             raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
         return value or None
+
+    @field_validator("models_memory_limit", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _torchserve_ports(self) -> Settings:
@@ -477,6 +534,21 @@ class ModelSettings(BaseSettings):
     """How many recently ended sequence ids are remembered, so that a late request to one is told
     why it ended (instead of being told to START)."""
 
+    pinned: bool = False
+    """Load this model at start and never unload it to make room (it counts in
+    ``max_loaded_models`` and ``models_memory_limit``); the server is ready once it is."""
+
+    warmup: list[dict[str, Any]] | str | None = None
+    """Requests the model serves before it is READY, on every load (Triton's ``model_warmup``): a
+    list of V2 inference request bodies, or the name of a file in the model's folder holding one
+    JSON request per line. A warm-up request that fails fails the load, with its reason."""
+
+    response_cache: bool = False
+    """Keep this model's answers in the server's ``response_cache``: a request equal to an earlier
+    one (same model version, inputs, requested outputs and parameters, whatever its id) is answered
+    from it without calling the model. Errors, streams and sequence steps are never cached; a
+    reload of the model drops its entries."""
+
     parameters: ModelParameters | None = None
     """Parameters of this model version: uri, version, content_type, extra."""
 
@@ -536,6 +608,39 @@ class ModelSettings(BaseSettings):
         settings = cls(**data)
         settings._source = path
         return settings
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"512MiB"``, ``"4GiB"``, ``"800MB"``, ``"1.5G"`` or a plain number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"{text!r} is not a size: a number of bytes, or one with a unit (512MiB, 4GiB, 800MB)"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def _environment_parameters() -> dict[str, Any]:

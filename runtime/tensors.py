@@ -89,11 +89,18 @@ MAX_ELEMENTS = np.iinfo(np.intp).max // 16
 numpy can make an array of that shape, even an empty one, of any datatype)."""
 
 
+MAX_DIMS = 32
+"""Most dimensions a tensor may have: numpy 1's limit (numpy 2's is 64), so that every build of
+numpy, and the frameworks built on it, can hold any tensor a request carries."""
+
+
 def check_shape(name: str, shape: Sequence[int]) -> None:
-    """Refuse a shape no tensor can have: a negative dimension, or too many elements.
+    """Refuse a shape no tensor can have: too many dimensions, a negative one, or too many elements.
 
     A zero dimension is valid (as in Triton): the tensor is empty and its data must be too.
     """
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"Tensor {name!r} has {len(shape)} dimensions; a tensor has at most {MAX_DIMS}")
     nonzero = 1
     for dim in shape:
         if dim < 0:

@@ -9,6 +9,7 @@ then on, and for everything a model receives, it is a numpy array of the tensor'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -99,6 +100,36 @@ def set_extra(parameters: Parameters, name: str, value: Any) -> None:
         return
     extra[name] = value
     parameters.__pydantic_fields_set__.add(name)
+
+
+def set_fields(model: BaseModel, values: dict[str, Any]) -> None:
+    """``setattr(model, name, value)`` for each declared field in ``values``: one call for several
+    fields (the response's names, say), as :func:`set_field` does for one."""
+    if type(model) in _PLAIN:
+        model.__dict__.update(values)
+        model.__pydantic_fields_set__.update(values)
+    else:
+        for name, value in values.items():
+            setattr(model, name, value)
+
+
+def extras(parameters: Parameters | None) -> dict[str, Any] | None:
+    """The extra (free-form) parameters of ``parameters``, the dict itself (what ``model_extra``
+    answers, without the property's Python call); None for no parameters."""
+    return parameters.__pydantic_extra__ if parameters is not None else None
+
+
+def fields_set(model: BaseModel) -> set[str]:
+    """The names of the fields set on ``model``, the set itself (``model_fields_set``, without the
+    property's Python call): a caller that fills ``model.__dict__`` adds the names here."""
+    return model.__pydantic_fields_set__
+
+
+def model_state(model: BaseModel) -> tuple[dict[str, Any], set[str], dict[str, Any] | None]:
+    """What an instance is made of (its values, fields set and extras: what pydantic pickles), the
+    objects themselves, in :func:`built`'s order: ``built(type(model), *model_state(model))`` makes
+    an instance that shares them."""
+    return model.__dict__, model.__pydantic_fields_set__, model.__pydantic_extra__
 
 
 _NOT_EXTRA = frozenset(Parameters.model_fields) | frozenset(dir(Parameters))
@@ -260,6 +291,12 @@ class RepositoryIndexResponse(RootModel[list[RepositoryIndexResponseItem]]):
 
 _PLAIN = frozenset({InferenceRequest, InferenceResponse, RequestInput, ResponseOutput})
 
+request_from_json: Callable[[bytes | bytearray | str], InferenceRequest] = (
+    InferenceRequest.__pydantic_validator__.validate_json
+)
+"""``InferenceRequest.model_validate_json(data)``: pydantic's own validator, called without the
+classmethod's Python frame (raises ``ValidationError`` as it does)."""
+
 __all__ = [
     "Datatype",
     "InferenceErrorResponse",
@@ -280,6 +317,13 @@ __all__ = [
     "State",
     "TensorData",
     "UInt64",
+    "built",
+    "extra_parameters",
+    "extras",
+    "fields_set",
+    "model_state",
+    "request_from_json",
     "set_extra",
     "set_field",
+    "set_fields",
 ]

@@ -91,6 +91,27 @@ from tests.grpc_support import grpc_models, grpc_server  # noqa: E402
 __all__ = ["grpc_models", "grpc_server"]
 
 
+@pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder written by save_pretrained: a tiny Llama-style model and its tokenizer, made now
+    (``tests/huggingface/tiny_llm.py``); skips where the llm extra is not installed."""
+    pytest.importorskip("transformers", reason="the Hugging Face runtime needs the llm extra (transformers)")
+    pytest.importorskip("tokenizers", reason="the Hugging Face runtime needs the llm extra (tokenizers)")
+    from tests.huggingface.tiny_llm import build
+
+    return build(tmp_path_factory.mktemp("tiny-llm"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """MLflow models saved once for the session with real mlflow (``tests.mlflow.saved_models``):
+    (their folder, the fitted estimators by name). Skips, saying why, without mlflow."""
+    from tests.mlflow.saved_models import save_models
+
+    root = tmp_path_factory.mktemp("mlflow-models")
+    return root, save_models(root)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that start a process or a real server (``-m "not server"`` is the fast loop)."""
     fast_loop.mark(items)

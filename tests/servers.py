@@ -7,6 +7,7 @@ on a full pipe, and tests can wait for a line (``wait_for_log``) instead of slee
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -79,6 +80,17 @@ class RunningServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.endpoints['metrics']}/metrics"
+
+    def management_key(self) -> str:
+        """The management key, read from the key file whose path the server logged."""
+        line = self.wait_for_log(r"Management API key written to ")
+        path = line.split("Management API key written to ", 1)[1].split('"')[0].strip()
+        key: str = json.loads(Path(path).read_text())["management"]["key"]
+        return key
+
+    def authorization(self) -> dict[str, str]:
+        """The ``authorization`` header (or gRPC metadata) the repository's load and unload need."""
+        return {"authorization": f"Bearer {self.management_key()}"}
 
     def read_log(self) -> str:
         """Everything the server has written to stderr so far."""

@@ -73,7 +73,11 @@ def test_readiness_follows_the_repository_api(tmp_path: Path) -> None:
     server = start_server(repo)
     try:
         assert _readiness(server) == NOT_READY
-        unload = httpx.post(f"{server.http_url}/v2/repository/models/failing/unload", timeout=30)
+        unload = httpx.post(
+            f"{server.http_url}/v2/repository/models/failing/unload",
+            headers=server.authorization(),
+            timeout=30,
+        )
         assert unload.status_code == 200
         assert _readiness(server) == READY
     finally:

@@ -130,10 +130,11 @@ def test_error_bodies_name_files_relative_to_the_repository(server: RunningServe
     index = httpx.post(f"{server.http_url}/v2/repository/index", json={}).json()
     reasons = " ".join(item.get("reason", "") for item in index)
     assert "weights/weights.bin" in reasons and str(repository.parent) not in reasons
-    load = httpx.post(f"{server.http_url}/v2/repository/models/weights/load", timeout=30)
+    key = server.authorization()
+    load = httpx.post(f"{server.http_url}/v2/repository/models/weights/load", headers=key, timeout=30)
     assert load.status_code >= 400 and "weights/weights.bin" in load.json()["error"]
     assert str(repository) not in load.text
-    unreadable = httpx.post(f"{server.http_url}/v2/repository/models/badjson/load", timeout=30)
+    unreadable = httpx.post(f"{server.http_url}/v2/repository/models/badjson/load", headers=key, timeout=30)
     assert unreadable.status_code >= 400 and "badjson/model-settings.json" in unreadable.json()["error"]
     assert str(repository) not in unreadable.text
 

@@ -31,7 +31,18 @@ HEAVY = ["numpy", "pydantic", "pydantic_settings", "grpc", "uvicorn", "starlette
 # what an echo model served over REST and gRPC never needs
 NOT_FOR_ECHO = [
     "torch",
+    "transformers",
     "runtime.torch.torch_model",
+    "runtime.huggingface",
+    "mlflow",
+    "pandas",
+    "runtime.mlflow.mlflow_model",
+    "sklearn",
+    "joblib",
+    "xgboost",
+    "lightgbm",
+    "onnxruntime",
+    "runtime.tabular",
     "grpc_reflection.v1alpha.reflection",
     "sse_starlette",
     "tarfile",

@@ -82,6 +82,76 @@ def test_impossible_shapes_get_invalid_argument_over_grpc(server: RunningServer,
             assert "the_input" in (refused.value.details() or "")
 
 
+TOO_MANY = [[1] * 33, [1] * 65]
+"""More dimensions than any tensor may have (32, numpy 1's limit; numpy 2's is 64)."""
+
+
+def _binary(shape: list[int]) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "the_input",
+                    "shape": shape,
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 4},
+                }
+            ]
+        }
+    ).encode()
+    return header + np.float32(1).tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+@pytest.mark.parametrize("model", ["echo", "batched"])
+@pytest.mark.parametrize("shape", TOO_MANY, ids=len)
+def test_too_many_dimensions_get_400_naming_the_input_over_rest(
+    client: httpx.Client, model: str, shape: list[int]
+) -> None:
+    as_json = client.post(f"/v2/models/{model}/infer", json={"inputs": [_tensor(shape, [1.0])]})
+    content, headers = _binary(shape)
+    binary = client.post(f"/v2/models/{model}/infer", content=content, headers=headers)
+    for response in (as_json, binary):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert "the_input" in error and f"{len(shape)} dimensions" in error and "32" in error
+
+
+@pytest.mark.parametrize("shape", TOO_MANY, ids=len)
+def test_too_many_dimensions_get_invalid_argument_over_grpc(server: RunningServer, shape: list[int]) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for raw in (True, False):
+            request = pb.ModelInferRequest(model_name="echo")
+            tensor = request.inputs.add(name="the_input", datatype="FP32", shape=shape)
+            if raw:
+                request.raw_input_contents.append(np.float32(1).tobytes())
+            else:
+                tensor.contents.fp32_contents.extend([1.0])
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = refused.value.details() or ""
+            assert "the_input" in details and f"{len(shape)} dimensions" in details
+
+
+def test_tritonclient_gets_the_dimension_limit_on_both_protocols(server: RunningServer) -> None:
+    tritonhttp = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+    tritongrpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    from tritonclient.utils import InferenceServerException
+
+    array = np.ones([1] * 33, np.float32)
+    for module, url in ((tritonhttp, server.http_address), (tritongrpc, server.grpc_address)):
+        client = module.InferenceServerClient(url)
+        try:
+            tensor = module.InferInput("the_input", list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("echo", [tensor])
+        finally:
+            client.close()
+        assert "the_input" in str(refused.value) and "33 dimensions" in str(refused.value)
+
+
 def test_zero_dimensions_with_empty_data_are_valid(client: httpx.Client) -> None:
     for shape in ([0], [0, 3], [4, 0]):
         response = client.post("/v2/models/echo/infer", json={"inputs": [_tensor(shape, [])]})

@@ -4,12 +4,19 @@ what its validation makes."""
 from __future__ import annotations
 
 from runtime.types import (
+    InferenceRequest,
     InferenceResponse,
     Parameters,
     ResponseOutput,
+    built,
     extra_parameters,
+    extras,
+    fields_set,
+    model_state,
+    request_from_json,
     set_extra,
     set_field,
+    set_fields,
 )
 
 
@@ -49,3 +56,22 @@ def test_extra_parameters_is_validation() -> None:
     assert empty == Parameters() and empty.model_fields_set == set() and empty.model_extra == {}
     set_extra(empty, "sequence_id", 3)  # its extras are its own, as a validated instance's
     assert empty.model_extra == {"sequence_id": 3} and empty.model_fields_set == {"sequence_id"}
+
+
+def test_the_named_helpers_read_and_write_what_pydantic_does() -> None:
+    parameters = Parameters(content_type="np", custom=1)
+    assert extras(parameters) == parameters.model_extra == {"custom": 1}
+    assert extras(None) is None
+    assert fields_set(parameters) == parameters.model_fields_set == {"content_type", "custom"}
+    values, given, extra = model_state(parameters)
+    assert (values, given, extra) == (parameters.__dict__, parameters.model_fields_set, {"custom": 1})
+    copy = built(Parameters, dict(values), set(given), dict(extra or {}))
+    assert copy == parameters and copy.model_extra == {"custom": 1}
+
+    response = InferenceResponse(outputs=[])
+    set_fields(response, {"model_name": "m", "id": "r"})
+    assert (response.model_name, response.id) == ("m", "r")
+    assert response.model_fields_set == {"outputs", "model_name", "id"}
+
+    body = b'{"id": "a", "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}'
+    assert request_from_json(body) == InferenceRequest.model_validate_json(body)

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from runtime.codecs.datetime import DatetimeCodec
 from runtime.codecs.interfaces import InputCodec, RequestCodec
 from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
+from runtime.codecs.pandas import PandasCodec
 from runtime.codecs.string import Base64Codec, StringCodec, StringRequestCodec
 
-INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec)
-REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec)
+INPUT_CODECS: tuple[type[InputCodec], ...] = (NumpyCodec, StringCodec, Base64Codec, DatetimeCodec)
+REQUEST_CODECS: tuple[type[RequestCodec], ...] = (NumpyRequestCodec, StringRequestCodec, PandasCodec)
 
 _Codec = TypeVar("_Codec", type[InputCodec], type[RequestCodec])
 

@@ -20,7 +20,7 @@ from runtime.types import (
 )
 
 
-def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:
+def bytes_elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:
     data = tensor.data
     if isinstance(data, np.ndarray) and data.dtype == object:
         arr = data
@@ -31,7 +31,7 @@ def _elements(tensor: RequestInput | ResponseOutput) -> list[bytes]:
     return [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in arr.reshape(-1)]
 
 
-def _column(items: list[bytes]) -> np.ndarray:
+def bytes_column(items: list[bytes]) -> np.ndarray:
     arr = np.empty((len(items), 1), dtype=object)
     arr[:, 0] = items
     return arr
@@ -56,25 +56,29 @@ class StringCodec(InputCodec):
         cls, name: str, payload: list[str], use_bytes: bool = True, **kwargs: Any
     ) -> ResponseOutput:
         return make_tensor(
-            ResponseOutput, name, _column([_str_bytes(item) for item in payload]), "BYTES", cls.ContentType
+            ResponseOutput,
+            name,
+            bytes_column([_str_bytes(item) for item in payload]),
+            "BYTES",
+            cls.ContentType,
         )
 
     @classmethod
     def decode_output(cls, response_output: ResponseOutput) -> list[str]:
-        return [item.decode("utf-8") for item in _elements(response_output)]
+        return [item.decode("utf-8") for item in bytes_elements(response_output)]
 
     @classmethod
     def encode_input(
         cls, name: str, payload: list[str], use_bytes: bool = True, **kwargs: Any
     ) -> RequestInput:
         return make_tensor(
-            RequestInput, name, _column([_str_bytes(item) for item in payload]), "BYTES", cls.ContentType
+            RequestInput, name, bytes_column([_str_bytes(item) for item in payload]), "BYTES", cls.ContentType
         )
 
     @classmethod
     def decode_input(cls, request_input: RequestInput) -> list[str]:
         try:
-            return [item.decode("utf-8") for item in _elements(request_input)]
+            return [item.decode("utf-8") for item in bytes_elements(request_input)]
         except UnicodeDecodeError:
             raise InvalidInput(f"Input {request_input.name!r} is not valid UTF-8 text") from None
 
@@ -96,14 +100,14 @@ class Base64Codec(InputCodec):
         return make_tensor(
             ResponseOutput,
             name,
-            _column([base64.b64encode(item) for item in payload]),
+            bytes_column([base64.b64encode(item) for item in payload]),
             "BYTES",
             cls.ContentType,
         )
 
     @classmethod
     def decode_output(cls, response_output: ResponseOutput) -> list[bytes]:
-        return [_b64decode(response_output.name, item) for item in _elements(response_output)]
+        return [_b64decode(response_output.name, item) for item in bytes_elements(response_output)]
 
     @classmethod
     def encode_input(
@@ -112,14 +116,14 @@ class Base64Codec(InputCodec):
         return make_tensor(
             RequestInput,
             name,
-            _column([base64.b64encode(item) for item in payload]),
+            bytes_column([base64.b64encode(item) for item in payload]),
             "BYTES",
             cls.ContentType,
         )
 
     @classmethod
     def decode_input(cls, request_input: RequestInput) -> list[bytes]:
-        return [_b64decode(request_input.name, item) for item in _elements(request_input)]
+        return [_b64decode(request_input.name, item) for item in bytes_elements(request_input)]
 
 
 def _b64decode(name: str, item: bytes) -> bytes:

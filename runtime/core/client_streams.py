@@ -24,10 +24,10 @@ What both guarantee, on top of the pipeline's (``runtime.streams.pipeline``: pul
 cancellation, ids):
 
 - every reply names its request (the id the client gave, or the one the core made for it);
-- errors are replies: a request that cannot be decoded, names an unknown model, fails its checks
-  or makes its model fail is answered by its failure (the pipeline's ``StreamError``, handed to
-  the transport as it is), and the client stream goes on (after a model failure, the requests
-  that follow are served by a fresh model stream);
+- errors are replies: a message that cannot be read, a request that cannot be decoded, names an
+  unknown model, fails its checks or makes its model fail is answered by its failure (the
+  pipeline's ``StreamError``, handed to the transport as it is), and the client stream goes on
+  (after a model failure, the requests that follow are served by a fresh model stream);
 - when the client half-closes, every reply still owed is sent before the stream ends;
 - closing the stream, or cancelling its consumer, cancels everything under way in it; only the
   transport's own read failing ends the stream with that failure.
@@ -75,6 +75,8 @@ class Routed(Generic[T]):
     """The request itself; raises InvalidInput when the message is malformed."""
     tag: T
     """The transport's own: handed back with every reply to this request."""
+    error: ServerError | None = None
+    """Set when the message could not be read at all (it names no model): this error answers it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,9 @@ class _Segment(Generic[T]):
             item = await anext(self.source, None)
             if item is None:
                 return
+            if item.error is not None:
+                self.undecodable = _failed(item, StreamError(item.error, item.id))
+                return
             if item.model != first.model or item.version != first.version:
                 self.next = item
                 return
@@ -161,6 +166,8 @@ async def in_sessions(
     item = await anext(source, None)
     while item is not None:
         try:
+            if item.error is not None:  # the message could not be read: it names no model
+                raise item.error
             serve = open_stream(item.model, item.version, True)
             request = _decode(item)
         except ServerError as exc:
@@ -187,6 +194,8 @@ async def in_sessions(
 async def _answer(open_stream: OpenStream, item: Routed[T]) -> AsyncGenerator[Reply[T], None]:
     """The replies to one request, served as a model stream of its own; the last one is ``last``."""
     try:
+        if item.error is not None:  # the message could not be read: it names no model
+            raise item.error
         serve = open_stream(item.model, item.version, False)
         request = _decode(item)
     except ServerError as exc:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.core.client_streams import ModelStream, Reply, Routed, each, in_sessions
 from runtime.core.fairness import LoopTurns
@@ -28,7 +30,18 @@ from runtime.core.model_config import model_config
 from runtime.core.observer import Observer
 from runtime.core.registry import ModelEntry, Registry
 from runtime.core.request_checks import finish_response, prepare_request
-from runtime.errors import ModelFailed, ModelNotFound, RequestTimeout, ServerError, ShuttingDown
+from runtime.core.response_cache import ResponseCache, answer_from, request_digest
+from runtime.core.warmup import WarmupError, warmup_requests
+from runtime.errors import (
+    ModelFailed,
+    ModelNotFound,
+    RequestTimeout,
+    ServerError,
+    ShuttingDown,
+    Unauthenticated,
+)
+from runtime.handlers import CustomHandler, get_custom_handlers
+from runtime.model import MLModel
 from runtime.repository import RepositoryError, relative_paths, settings_in_repository
 from runtime.scheduling.queueing import queue_timeout
 from runtime.settings import ModelSettings, Settings
@@ -48,10 +61,21 @@ from runtime.types import (
 
 logger = logging.getLogger(__name__)
 
+release = Registry.release
+"""What a request took of its model's entry, given back (one name, looked up once)."""
+
+_READY = State.READY
+
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=Exception)
+
+
+class Key(Protocol):
+    """A key a request's ``Authorization`` value is checked against (the management key)."""
+
+    def allows(self, authorization: str | None) -> bool: ...
 
 
 class DataPlane:
@@ -67,6 +91,9 @@ class DataPlane:
         self.turns = LoopTurns(settings.transport_fairness)
         """REST and gRPC's fair turns in the one event loop (see runtime.core.fairness)."""
         self.observer: Observer | None = None
+        self.repository_key: Key | None = None
+        """The key the repository's load and unload need (``repository_token_auth``): the server
+        gives it the management key; without one, they are refused while the setting is on."""
         """Metrics and traces of requests and streams (None: both off); see runtime.server.observability."""
         self.expected: set[tuple[str, str | None]] = set()
         """The models (name, version) asked for at startup, which strict readiness waits for."""
@@ -76,6 +103,14 @@ class DataPlane:
         """The tasks serving a unary request now (``infer``)."""
         self._cut: set[asyncio.Task[Any]] = set()
         """Those of them that ``cut_unary`` cancelled."""
+        self._handlers: weakref.WeakKeyDictionary[MLModel, list[tuple[CustomHandler, Callable[..., Any]]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each loaded model's ``@custom_handler`` methods, found on first use."""
+        self._clock = registry.clock
+        self.cache: ResponseCache | None = registry.cache
+        """Answers of the models with ``response_cache`` (None: the server keeps none)."""
+        registry.warm = self._warm_up
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -100,7 +135,7 @@ class DataPlane:
         if self.unreadable:
             return f"the settings of {', '.join(sorted(self.unreadable))} could not be read"
         for entry in entries:
-            if not entry.ready:
+            if not entry.ready and not (entry.on_demand and (entry.name, entry.version) not in self.expected):
                 name = f"{entry.name} {entry.version}" if entry.version else entry.name
                 reason = f": {entry.reason}" if entry.reason else ""
                 return f"model {name!r} is {entry.state.value}{reason}"
@@ -115,6 +150,11 @@ class DataPlane:
         self.expected = {(m.name, m.version) for m in models}
         self.unreadable = set(unreadable)
 
+    def forget(self, name: str) -> None:
+        """Strict readiness stops waiting for ``name`` (its folder was removed, or it was unloaded)."""
+        self.expected = {key for key in self.expected if key[0] != name}
+        self.unreadable.discard(name)
+
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether the model can serve; raises ModelNotFound for an unknown name or version."""
         return self.registry.find(name, version).ready and not self.draining
@@ -126,9 +166,12 @@ class DataPlane:
         )
 
     async def model_metadata(self, name: str, version: str | None = None) -> MetadataModelResponse:
-        entry = self.registry.get(name, version)
-        assert entry.model is not None
-        meta = await entry.model.metadata()
+        entry = await self.registry.acquire(self.registry.serving(name, version))
+        try:
+            assert entry.model is not None
+            meta = await entry.model.metadata()
+        finally:
+            Registry.release(entry)
         if not meta.versions:
             meta.versions = self.registry.versions(name) or ([entry.version] if entry.version else [])
         if entry.scheduler is not None:  # how the model is scheduled, with every batching setting
@@ -144,7 +187,7 @@ class DataPlane:
 
     def model_inputs(self, name: str, version: str | None = None) -> list[MetadataTensor]:
         """The declared inputs of a model (empty when its settings declare none)."""
-        return list(self.registry.get(name, version).settings.inputs)
+        return list(self.registry.serving(name, version).settings.inputs)
 
     # ------------------------------------------------------------------ inference
 
@@ -152,10 +195,8 @@ class DataPlane:
         """Raise now if the model cannot take a request, before a transport reads the body (a
         refusal is counted as ``infer`` counts one); return the model's entry, whose settings a
         transport may read to translate the request."""
-        try:  # what _entry does, written out: this runs twice per request
-            if self.draining:
-                raise ShuttingDown("The server is shutting down")
-            return self.registry.get(name, version)
+        try:
+            return self._entry(name, version)
         except ServerError as exc:
             if self.observer is not None:
                 self.observer.refused(name, version, exc)
@@ -167,7 +208,7 @@ class DataPlane:
     def _entry(self, name: str, version: str | None) -> ModelEntry:
         if self.draining:
             raise ShuttingDown("The server is shutting down")
-        return self.registry.get(name, version)
+        return self.registry.serving(name, version)
 
     async def infer(
         self,
@@ -198,16 +239,24 @@ class DataPlane:
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
         prepare_request(request, entry)
-        assert entry.scheduler is not None
-        if request.parameters is None:  # what queue_timeout gives then, without the call
-            default = entry.settings.request_timeout
-            limit = default if default > 0 else None
-        else:
-            limit = queue_timeout(request, entry.settings.request_timeout)
+        limit = queue_timeout(request, entry.settings.request_timeout)
+        digest = None
+        if self.cache is not None and entry.settings.response_cache and not entry.settings.sequence_batching:
+            digest = request_digest(request)
+            if digest is not None:
+                cached = await self.cache.get(entry.name, entry.version, digest)
+                if cached is not None:  # answered without the model (loaded or not)
+                    return finish_response(answer_from(cached), request, entry)
         task = asyncio.current_task()
         assert task is not None
+        if entry.state is _READY:  # taken in this turn of the loop: it cannot be unloaded meanwhile
+            entry.busy += 1
+            entry.used = next(self._clock)
+        else:  # loaded on demand, or replaced since the transport found it
+            entry = await self.registry.acquire(entry, limit)
         self._unary.add(task)
         try:
+            assert entry.scheduler is not None
             if limit is None:
                 response = await entry.scheduler.infer(request)
             else:
@@ -239,7 +288,28 @@ class DataPlane:
         finally:
             self._unary.discard(task)
             self._cut.discard(task)
-        return finish_response(response, request, entry)
+            release(entry)
+        response = finish_response(response, request, entry)
+        if digest is not None and self.cache is not None:
+            await self.cache.put(entry.name, entry.version, digest, response)
+        return response
+
+    async def _warm_up(self, entry: ModelEntry) -> None:
+        """Serve ``entry``'s warm-up requests (``runtime.core.warmup``) through its scheduler, before
+        the registry makes it READY; the first failure raises ``WarmupError`` with its reason."""
+        assert entry.scheduler is not None
+        requests = warmup_requests(entry.settings)
+        for number, request in enumerate(requests, 1):
+            try:
+                prepare_request(request, entry)
+                finish_response(await entry.scheduler.infer(request), request, entry)
+            except Exception as exc:
+                error = sort_error(entry.name, exc)
+                raise WarmupError(f"warm-up request {number} of {len(requests)} failed: {error}") from exc
+        if requests:
+            logger.info(
+                "Model %r (version %s) warmed up: %d request(s)", entry.name, entry.version, len(requests)
+            )
 
     def _shown(self, error: E) -> E:
         """``error`` as a client may see it: a model's failure names files relative to the model
@@ -331,7 +401,7 @@ class DataPlane:
     async def _stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
     ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
-        entry = self._entry(name, version)
+        entry = await self.registry.acquire(self._entry(name, version))
         assert entry.scheduler is not None
         session = StreamSession(
             entry.name,
@@ -359,9 +429,45 @@ class DataPlane:
                 self._shown(exc)
             raise
         finally:
+            Registry.release(entry)
             self.streams.closed()
             if observed is not None:
                 observed.close(cancelled=not ended)
+
+    # ------------------------------------------------------------------ custom handlers
+
+    def custom_handler(self, method: str, path: str) -> Callable[..., Any] | None:
+        """The ready model method marked ``@custom_handler`` for ``method path`` (None: no model's).
+
+        Models served by worker processes are not asked: their methods run in the workers, and
+        only ``predict`` crosses to them."""
+        for entry in self.registry.entries():
+            model = entry.model
+            if model is None or entry.workers is not None or not entry.ready:
+                continue
+            handlers = self._handlers.get(model)
+            if handlers is None:
+                handlers = self._handlers[model] = get_custom_handlers(model)
+            for handler, bound in handlers:
+                if handler.rest_method == method and handler.rest_path == path:
+                    return bound
+        return None
+
+    async def call_handler(self, method: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+        """What a model's custom handler returns for ``arguments``; errors sorted as inference's are
+        (the error tree's pass through, anything else becomes ModelFailed with the cause chained)."""
+        try:
+            result = method(**arguments)
+            if inspect.isawaitable(result):
+                result = await result
+        except ServerError:
+            raise
+        except Exception as exc:
+            owner = getattr(getattr(method, "__self__", None), "name", "?")
+            raise ModelFailed(
+                f"Model {owner!r} failed in its handler {method.__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return result
 
     # ------------------------------------------------------------------ model repository
 
@@ -380,11 +486,25 @@ class DataPlane:
             ]
         return items
 
-    async def repository_load(self, name: str) -> None:
+    def _authorize(self, authorization: str | None) -> None:
+        """Raise Unauthenticated unless ``authorization`` (an ``Authorization`` header's value,
+        ``Bearer <key>``) carries the key the repository's load and unload need."""
+        if not self.settings.repository_token_auth:
+            return
+        key = self.repository_key
+        if key is None or not key.allows(authorization):
+            raise Unauthenticated(
+                "Loading and unloading models needs the management key: send 'Authorization: Bearer "
+                "<key>' (the key in the server's management key file; repository_token_auth=false opens them)"
+            )
+
+    async def repository_load(self, name: str, authorization: str | None = None) -> None:
         """(Re)load every version of ``name`` from its model-settings.json in the repository folder.
 
         A model that is loaded keeps serving until its new instance is ready (the registry swaps).
+        ``authorization``: the request's ``Authorization`` value (see ``repository_token_auth``).
         """
+        self._authorize(authorization)
         found = await self._read_repository(name)
         if not found:
             raise ModelNotFound(name)
@@ -394,13 +514,15 @@ class DataPlane:
                 raise ModelFailed(f"Model {name!r} could not be loaded: {entry.reason}")
         self.unreadable.discard(name)
 
-    async def repository_unload(self, name: str) -> None:
+    async def repository_unload(self, name: str, authorization: str | None = None) -> None:
         """Unload every version of ``name``; ModelNotFound when none is loaded.
 
-        Strict readiness stops waiting for it: the model was asked to leave.
+        Strict readiness stops waiting for it: the model was asked to leave. ``authorization``: as
+        for :meth:`repository_load`.
         """
+        self._authorize(authorization)
         await self.registry.unload(name)
-        self.expected = {key for key in self.expected if key[0] != name}
+        self.forget(name)
 
     async def _read_repository(self, name: str | None) -> list[ModelSettings]:
         root = self.settings.model_repository_root

@@ -6,11 +6,22 @@ holds None and pays nothing. Nothing here changes what a request gets.
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_left
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from runtime.errors import ModelNotFound, ModelNotReady, Overloaded, QueueTimeout, ShuttingDown, WorkerLost
+from runtime.errors import (
+    Cancelled,
+    ModelFailed,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+    QueueTimeout,
+    RequestTimeout,
+    ShuttingDown,
+    WorkerLost,
+)
 from runtime.telemetry.counts import DURATION_BUCKETS, ModelCounters, Recorder
 
 if TYPE_CHECKING:
@@ -32,6 +43,19 @@ def rejection(exc: BaseException) -> str | None:
         if isinstance(exc, cls):
             return reason
     return None
+
+
+def triton_reason(exc: BaseException) -> str:
+    """Triton's reason for a failed request: REJECTED (timed out in the scheduler), CANCELED (the
+    client went away or cancelled), BACKEND (the model failed, or its worker died), OTHER (bad
+    input, not ready, overloaded, shutting down...)."""
+    if isinstance(exc, (asyncio.CancelledError, Cancelled)):
+        return "CANCELED"
+    if isinstance(exc, RequestTimeout):
+        return "REJECTED"
+    if isinstance(exc, (ModelFailed, WorkerLost)):
+        return "BACKEND"
+    return "OTHER"
 
 
 Watch = tuple[ModelCounters | None, Any, float]
@@ -66,8 +90,6 @@ class Observer:
         tracing = self.tracing
         if counters is None and tracing is None:
             return None
-        if counters is not None:
-            counters.pending += 1
         return counters, tracing.infer_span(name, version) if tracing is not None else None, perf_counter()
 
     def refused(self, name: str, version: str | None, error: BaseException) -> None:
@@ -80,8 +102,6 @@ class Observer:
             counters = None
         if counters is None and self.tracing is None:
             return
-        if counters is not None:
-            counters.pending += 1
         span = self.tracing.infer_span(name, version) if self.tracing is not None else None
         Observer.done((counters, span, perf_counter()), error)
 
@@ -90,15 +110,18 @@ class Observer:
         """The request of ``watch`` was answered (``error``: None) or failed with ``error``."""
         counters, span, start = watch
         if counters is not None:
+            seconds = perf_counter() - start
             if error is None:
                 counters.success += 1
+                counters.success_seconds += seconds
             else:
                 counters.failure += 1
+                failed = counters.failed
+                why = triton_reason(error)
+                failed[why] = failed.get(why, 0) + 1
                 reason = rejection(error)
                 if reason is not None:
                     counters.rejected[reason] = counters.rejected.get(reason, 0) + 1
-            counters.pending -= 1
-            seconds = perf_counter() - start
             duration = counters.duration
             duration.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
             duration.sum += seconds

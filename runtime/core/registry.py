@@ -5,20 +5,32 @@ Loading a model that is already loaded builds and loads the new one first, then 
 retires the old one after its work, so reloads drop no traffic. A model that fails to load keeps
 an entry in state UNAVAILABLE with the reason, so that its ready endpoint and the repository
 index say why, while the other models serve on.
+
+With a limit on the loaded models (``runtime.core.residency``), every model of the repository has an
+entry, and one not loaded (UNAVAILABLE, "not loaded") is loaded by the first request naming it
+(``acquire``): concurrent requests wait for one load, loads run one at a time, and the least
+recently used idle model is unloaded first to make room. A request counts itself on its entry
+(``busy``) from the moment it takes it until its answer, so that a model with work in flight is
+never unloaded. Each load runs the model's warm-up requests (``warm``) before it is READY.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from runtime.errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady
+from runtime.core.residency import Residency, resident_bytes
+from runtime.core.response_cache import ResponseCache
+from runtime.errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady, Overloaded
 from runtime.model import MLModel
-from runtime.repository import import_model_class, relative_paths
+from runtime.repository import forget_local_modules, import_model_class, relative_paths
 from runtime.scheduling import Scheduler, make_scheduler
 from runtime.settings import ModelSettings
 from runtime.types import RepositoryIndexResponseItem, State
@@ -28,8 +40,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+NOT_LOADED = "not loaded"
+"""The reason an entry gives while its model is not loaded (loaded on demand by a request)."""
 
-@dataclass
+ROOM_CHECK = 0.25
+"""Seconds between two looks for room while every loaded model is busy (an ending sequence does
+not signal; a request that ends does)."""
+
+
+@dataclass(eq=False)
 class ModelEntry:
     """One model version as the registry holds it."""
 
@@ -40,6 +59,34 @@ class ModelEntry:
     scheduler: Scheduler | None = field(default=None, repr=False)
     workers: WorkerExecutor | None = field(default=None, repr=False)
     """The worker processes running the model (None: it runs in the server process)."""
+    on_demand: bool = False
+    """Loaded by the first request that names it when not loaded (models under a residency limit)."""
+    busy: int = 0
+    """Requests and streams that hold this entry now (the DataPlane counts them in and out)."""
+    on_idle: Callable[[], None] | None = field(default=None, repr=False)
+    """Called when ``busy`` falls to 0, while someone waits for that."""
+    used: int = 0
+    """When the entry was last taken by a request (a tick of the registry's clock)."""
+    memory: int = 0
+    """Resident bytes the model took when it last loaded."""
+    loading: asyncio.Task[None] | None = field(default=None, repr=False)
+    """The load on demand in progress, which every request for the model waits on."""
+
+    @property
+    def pinned(self) -> bool:
+        return self.settings.pinned
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a model instance is held (ready, warming up or unloading)."""
+        return self.model is not None
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight, no open stream, no live sequence."""
+        if self.busy:
+            return False
+        return self.scheduler is None or not self.scheduler.open_sequences()
 
     @property
     def name(self) -> str:
@@ -56,6 +103,12 @@ class ModelEntry:
         return self.state is State.READY and self.model is not None and self.model.ready
 
 
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A load's failure is its waiters' (they may all have timed out): retrieved, not logged twice."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
     if version is None:
         return (-1, "")
@@ -67,7 +120,12 @@ class Registry:
     """Loaded models by name and version."""
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, parallel_workers: int = 0, grace: float = 30.0
+        self,
+        root: str | os.PathLike[str] | None = None,
+        parallel_workers: int = 0,
+        grace: float = 30.0,
+        residency: Residency | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.root = root
         """The model repository's folder: paths under it are shown relative to it in reasons."""
@@ -79,6 +137,18 @@ class Registry:
         self._locks: dict[str, asyncio.Lock] = {}
         self._defaults: dict[str, str | None] = {}
         """Default versions chosen through the management API (``set_default``)."""
+        self.residency = residency if residency is not None else Residency()
+        """The limits on loaded models, and the counts of loads and unloads."""
+        self.cache = cache
+        """The response cache (None: off); a model's entries are dropped when it reloads."""
+        self.warm: Callable[[ModelEntry], Awaitable[None]] | None = None
+        """Serves a model's warm-up requests before it is READY (set by the DataPlane)."""
+        self.clock = itertools.count(1)
+        """Ticks that order the entries by their last use."""
+        self._one_load = asyncio.Lock()
+        """Held by each load under a residency limit: loads run one at a time."""
+        self._room = asyncio.Event()
+        """Set when a loaded model becomes idle while a load waits for room."""
 
     # ------------------------------------------------------------------ lookups
 
@@ -89,6 +159,14 @@ class Registry:
             reason = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReady(f"Model {name!r} is not ready ({entry.state.value}){reason}")
         return entry
+
+    def serving(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry to serve ``name`` with: ready, or not loaded and loaded on demand by
+        ``acquire``; raises as ``get`` does otherwise."""
+        entry = self.find(name, version)
+        if entry.ready or entry.on_demand:
+            return entry
+        return self.get(name, version)
 
     def find(self, name: str, version: str | None = None) -> ModelEntry:
         """The entry of ``name`` at ``version`` (default version if None), whatever its state."""
@@ -137,36 +215,210 @@ class Registry:
             if e.ready or not ready_only
         ]
 
+    def all_ready(self) -> bool:
+        """True when every model that loaded successfully is ready (failed loads are reported apart)."""
+        return all(e.ready for e in self.entries() if e.state is not State.UNAVAILABLE)
+
+    def resident(self) -> list[ModelEntry]:
+        """The entries whose model is loaded (or loading, or unloading)."""
+        return [e for e in self.entries() if e.loaded]
+
+    # ------------------------------------------------------------------ loading on demand
+
+    def register(self, settings: ModelSettings) -> ModelEntry:
+        """Add a model that the first request naming it loads (state UNAVAILABLE, "not loaded");
+        an entry of that name and version already there is kept."""
+        if not settings.name:
+            raise InvalidInput("A model needs a name")
+        versions = self._entries.setdefault(settings.name, {})
+        entry = versions.get(settings.version)
+        if entry is None:
+            entry = versions[settings.version] = ModelEntry(
+                settings=settings, state=State.UNAVAILABLE, reason=NOT_LOADED, on_demand=True
+            )
+        return entry
+
+    async def acquire(self, entry: ModelEntry, timeout: float | None = None) -> ModelEntry:
+        """The ready entry of ``entry``'s model, counted as busy (the caller releases it): loaded
+        now if it is not (one load, however many requests wait; at most ``timeout`` seconds, and
+        at most the residency's wait). The model's current entry is taken: a request that found an
+        entry since replaced is served by its successor."""
+        current = self.find(entry.name, entry.version)
+        if current.ready:
+            current.busy += 1
+            current.used = next(self.clock)
+            return current
+        if not current.on_demand:
+            self.get(current.name, current.version)  # raises ModelNotReady, with the reason
+        current.busy += 1
+        try:
+            if current.loading is None:
+                current.loading = asyncio.get_running_loop().create_task(self._load_on_demand(current))
+                current.loading.add_done_callback(_retrieved)
+            wait = self.residency.wait if timeout is None else min(timeout, self.residency.wait)
+            try:
+                async with asyncio.timeout(wait):
+                    await asyncio.shield(current.loading)
+            except TimeoutError:
+                raise ModelNotReady(
+                    f"Model {current.name!r} is not loaded yet: its load did not end within {wait:g}s"
+                ) from None
+            if not current.ready:
+                raise ModelNotReady(f"Model {current.name!r} is not ready ({current.state.value})")
+        except BaseException:
+            self.release(current)
+            raise
+        current.used = next(self.clock)
+        return current
+
+    @staticmethod
+    def release(entry: ModelEntry) -> None:
+        """What ``acquire`` took (the DataPlane calls it as ``release`` on its hot path)."""
+        entry.busy -= 1
+        if not entry.busy and entry.on_idle is not None:
+            entry.on_idle()
+
+    async def _load_on_demand(self, entry: ModelEntry) -> None:
+        try:
+            async with self._one_load:
+                if entry.ready:
+                    return
+                if self._entries.get(entry.name, {}).get(entry.version) is not entry:
+                    raise ModelNotReady(f"Model {entry.name!r} was unloaded and removed meanwhile")
+                if entry.loaded:  # an unload asked for through the API is under way
+                    raise ModelNotReady(f"Model {entry.name!r} is being unloaded; try again")
+                await self._make_room(entry)
+                entry.state, entry.reason = State.LOADING, ""
+                try:
+                    await self._start_measured(entry)
+                except Exception as exc:
+                    self._failed(entry, exc)
+                    entry.on_demand = True  # a later request tries again
+                    raise ModelNotReady(f"Model {entry.name!r} could not be loaded: {entry.reason}") from None
+                logger.info("Model %r (version %s) loaded on demand", entry.name, entry.version)
+                await self._settle(keep=entry)
+        finally:
+            entry.loading = None
+
+    async def _make_room(self, entry: ModelEntry) -> None:
+        """Unload the least recently used idle models until ``entry`` fits; wait (bounded) while
+        every loaded model is busy, then give up with Overloaded."""
+        residency = self.residency
+        deadline = time.monotonic() + residency.wait
+        while not residency.fits(self.resident(), entry):
+            victim = residency.victim(self.resident(), keep=entry)
+            if isinstance(victim, ModelEntry):
+                await self._evict(victim)
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Overloaded(
+                    f"No room to load model {entry.name!r}: every loaded model is busy or pinned "
+                    f"(max_loaded_models {residency.max_loaded or 'unlimited'}, models_memory_limit "
+                    f"{residency.memory_limit or 'unlimited'})"
+                )
+            await self._wait_for_room(min(left, ROOM_CHECK))
+
+    async def _wait_for_room(self, seconds: float) -> None:
+        busy = [e for e in self.resident() if e.busy]
+        self._room.clear()
+        for e in busy:
+            e.on_idle = self._room.set
+        try:
+            async with asyncio.timeout(seconds):
+                await self._room.wait()
+        except TimeoutError:
+            pass
+        finally:
+            for e in busy:
+                if e.on_idle == self._room.set:
+                    e.on_idle = None
+
+    async def _settle(self, keep: ModelEntry | None = None) -> None:
+        """After a load: unload idle models while the measured memory is over the limit."""
+        residency = self.residency
+        while not residency.fits(self.resident()):
+            victim = residency.victim(self.resident(), keep=keep)
+            if not isinstance(victim, ModelEntry):
+                return
+            await self._evict(victim)
+
+    async def _evict(self, entry: ModelEntry) -> None:
+        """Unload an idle model to make room; it stays registered, loaded again on demand."""
+        entry.state, entry.reason = State.UNLOADING, ""
+        await self._retire(entry, "evicted")
+        self._unloaded_entry(entry)
+        logger.info("Model %r (version %s) unloaded to make room", entry.name, entry.version)
+
+    def _unloaded_entry(self, entry: ModelEntry) -> None:
+        entry.model, entry.scheduler, entry.workers = None, None, None
+        entry.state, entry.reason, entry.memory = State.UNAVAILABLE, NOT_LOADED, entry.memory
+        entry.on_demand = True
+
+    async def _start_measured(self, entry: ModelEntry) -> None:
+        """``_start``, timed, with the memory the model took measured (see runtime.core.residency)."""
+        before, began = resident_bytes(), time.perf_counter()
+        await self._start(entry)
+        self.residency.loaded(entry.name, entry.version, time.perf_counter() - began)
+        if entry.workers is not None and entry.workers.pool is not None:
+            entry.memory = sum(w["memoryUsage"] or 0 for w in entry.workers.pool.describe())
+        else:
+            entry.memory = max(0, resident_bytes() - before)
+
+    def _failed(self, entry: ModelEntry, exc: BaseException) -> None:
+        entry.state = State.UNAVAILABLE
+        entry.reason = relative_paths(f"failed to load: {type(exc).__name__}: {exc}", self.root)
+        logger.error("Model %r (version %s) %s", entry.name, entry.version, entry.reason)
+
     # ------------------------------------------------------------------ loading
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def load(self, settings: ModelSettings) -> ModelEntry:
-        """Load (or reload) one model version; failures are recorded, not raised."""
+        """Load (or reload) one model version; failures are recorded, not raised.
+
+        Under a residency limit the load waits for the loads before it and unloads idle models
+        to make room (a model that cannot get room fails to load, with the reason)."""
         if not settings.name:
             raise InvalidInput("A model needs a name")
+        if not self.residency.on_demand:
+            return await self._load(settings)
+        async with self._one_load:
+            return await self._load(settings)
+
+    async def _load(self, settings: ModelSettings) -> ModelEntry:
         async with self._lock(settings.name):
             versions = self._entries.setdefault(settings.name, {})
             old = versions.get(settings.version)
-            entry = ModelEntry(settings=settings)
+            entry = ModelEntry(settings=settings, on_demand=self.residency.on_demand)
+            if old is not None and not old.loaded:
+                old.settings = settings  # a placeholder takes the new settings, loaded in place
+                entry = old
             if old is None:
                 versions[settings.version] = entry
+            if old is not None and settings.folder is not None:
+                forget_local_modules(settings.folder)  # a changed model file is read again
             try:
-                await self._start(entry)
+                if self.residency.on_demand:
+                    await self._make_room(entry)
+                entry.state, entry.reason = State.LOADING, ""
+                await self._start_measured(entry)
             except Exception as exc:
-                entry.state = State.UNAVAILABLE
-                entry.reason = relative_paths(f"failed to load: {type(exc).__name__}: {exc}", self.root)
-                logger.error("Model %r (version %s) %s", settings.name, settings.version, entry.reason)
-                if old is not None and old.ready:
+                self._failed(entry, exc)
+                if old is not None and old is not entry and old.ready:
                     return entry  # keep serving the old one
                 versions[settings.version] = entry
                 return entry
             versions[settings.version] = entry
-            if old is not None:
-                await self._retire(old)
+            if old is not None and old is not entry:
+                await self._retire(old, "replaced")
+            if self.cache is not None:
+                await self.cache.drop(settings.name, settings.version)
             logger.info("Model %r (version %s) loaded", settings.name, settings.version)
-            return entry
+        if self.residency.on_demand:
+            await self._settle(keep=entry)
+        return entry
 
     def workers_for(self, settings: ModelSettings) -> int:
         """How many worker processes run a model with these settings (0: the server process)."""
@@ -200,7 +452,19 @@ class Registry:
             await model.unload()
             raise
         entry.model, entry.scheduler = model, scheduler
+        await self._warm_up(entry)
         entry.state, entry.reason = State.READY, ""
+
+    async def _warm_up(self, entry: ModelEntry) -> None:
+        """Serve the model's warm-up requests; on a failure unload it again and raise."""
+        if self.warm is None or not entry.settings.warmup:
+            return
+        try:
+            await self.warm(entry)
+        except BaseException:
+            await self._retire(entry, None, wait=False)
+            entry.model, entry.scheduler, entry.workers = None, None, None
+            raise
 
     async def _start_in_workers(self, entry: ModelEntry, model: MLModel, workers: int) -> None:
         """Each of ``workers`` processes loads its own copy of the model; the instance here is not
@@ -218,10 +482,17 @@ class Registry:
             await executor.stop()
             raise
         entry.model, entry.scheduler, entry.workers = model, scheduler, executor
+        await self._warm_up(entry)
         entry.state, entry.reason = State.READY, ""
 
-    async def _retire(self, entry: ModelEntry) -> None:
+    async def _retire(self, entry: ModelEntry, reason: str | None, wait: bool = True) -> None:
+        """Unload ``entry``'s model once the requests and streams that hold it have ended (at most
+        the grace period); ``reason`` is counted (None: a load that failed, not an unload)."""
         entry.state = State.UNLOADING
+        if wait:
+            await self._wait_idle(entry)
+        if reason is not None and entry.model is not None:
+            self.residency.unloaded(entry.name, entry.version, reason)
         try:
             if entry.scheduler is not None:
                 await entry.scheduler.stop()
@@ -238,6 +509,25 @@ class Registry:
                 await entry.model.unload()
         except Exception:
             logger.exception("Model %r (version %s) failed to unload", entry.name, entry.version)
+
+    async def _wait_idle(self, entry: ModelEntry) -> None:
+        if not entry.busy:
+            return
+        went_idle = asyncio.Event()
+        entry.on_idle = went_idle.set
+        try:
+            async with asyncio.timeout(self.grace):
+                await went_idle.wait()
+        except TimeoutError:
+            logger.warning(
+                "Model %r (version %s): %d request(s) or stream(s) still running after %gs; unloading",
+                entry.name,
+                entry.version,
+                entry.busy,
+                self.grace,
+            )
+        finally:
+            entry.on_idle = None
 
     async def scale(self, entry: ModelEntry, workers: int) -> None:
         """Run ``entry``'s model in ``workers`` worker processes (0: in the server process).
@@ -263,16 +553,27 @@ class Registry:
         if reloaded.state is State.UNAVAILABLE:
             raise ModelFailed(f"Model {entry.name!r} could not be reloaded: {reloaded.reason}")
 
-    async def unload(self, name: str, version: str | None = None) -> None:
-        """Unload one version (or every version of ``name`` when version is None)."""
+    async def unload(
+        self, name: str, version: str | None = None, reason: str = "requested", forget: bool | None = None
+    ) -> None:
+        """Unload one version (or every version of ``name`` when version is None), once its work
+        has ended. A model loaded on demand stays registered ("not loaded") unless ``forget``
+        (its folder was removed); others are forgotten."""
         async with self._lock(name):
             versions = self._entries.get(name)
             if not versions or (version and version not in versions):
                 raise ModelNotFound(name, version)
             targets = [versions[version]] if version else list(versions.values())
             for entry in targets:
-                del versions[entry.version]
-                await self._retire(entry)
+                keep = entry.on_demand if forget is None else not forget
+                if not keep:
+                    del versions[entry.version]
+                if entry.loaded:
+                    await self._retire(entry, reason)
+                if keep:
+                    self._unloaded_entry(entry)
+                elif self.cache is not None:
+                    await self.cache.drop(entry.name, entry.version)
             if not versions:
                 del self._entries[name]
                 self._defaults.pop(name, None)
@@ -292,4 +593,11 @@ class Registry:
 
     async def unload_all(self) -> None:
         for name in list(self._entries):
-            await self.unload(name)
+            await self.unload(name, forget=True)
+        if self.cache is not None:
+            await self.cache.close()
+
+    def models_held(self) -> dict[str, Any]:
+        """The resident models' count and memory, for the metrics and docs."""
+        resident = self.resident()
+        return {"loaded": len(resident), "memory": sum(e.memory for e in resident)}

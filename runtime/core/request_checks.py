@@ -9,6 +9,8 @@ The DataPlane runs them for unary requests and each stream's requests.
 
 from __future__ import annotations
 
+from typing import Any
+
 from runtime.core.registry import ModelEntry
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.ids import assign_id
@@ -18,8 +20,8 @@ from runtime.types import (
     InferenceResponse,
     MetadataTensor,
     RequestInput,
-    ResponseOutput,
     set_field,
+    set_fields,
 )
 
 
@@ -34,11 +36,7 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
         seen.add(inp.name)
         if declared:
             _check_declared(inp, declared, entry.name)
-        if type(inp) is RequestInput:  # set_field, written out
-            inp.__dict__["data"] = input_array(inp)
-            inp.__pydantic_fields_set__.add("data")
-        else:
-            set_field(inp, "data", input_array(inp))
+        set_field(inp, "data", input_array(inp))
     if declared and entry.settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
@@ -104,36 +102,18 @@ def finish_response(
         raise ModelFailed(
             f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
         )
-    if type(response) is InferenceResponse:  # set_field, written out: the fields are plain ones
-        values, fields_set = response.__dict__, response.__pydantic_fields_set__
-        settings = entry.settings  # (entry.name and entry.version are properties over these)
-        values["model_name"] = settings.name
-        fields_set.add("model_name")
-        if values["model_version"] is None:
-            values["model_version"] = settings.version
-            fields_set.add("model_version")
-        if request is not None:
-            if request.id is not None:
-                values["id"] = request.id
-                fields_set.add("id")
-            elif values["id"] is None:
-                values["id"] = assign_id(request)
-                fields_set.add("id")
-    else:
-        set_field(response, "model_name", entry.name)
-        if response.model_version is None:
-            set_field(response, "model_version", entry.version)
-        if request is not None:
-            if request.id is not None:
-                set_field(response, "id", request.id)
-            elif response.id is None:
-                set_field(response, "id", assign_id(request))
+    settings = entry.settings  # (entry.name and entry.version are properties over these)
+    named: dict[str, Any] = {"model_name": settings.name}
+    if response.model_version is None:
+        named["model_version"] = settings.version
+    if request is not None:
+        if request.id is not None:
+            named["id"] = request.id
+        elif response.id is None:
+            named["id"] = assign_id(request)
+    set_fields(response, named)
     for out in response.outputs:
-        if type(out) is ResponseOutput:
-            out.__dict__["data"] = output_array(out)
-            out.__pydantic_fields_set__.add("data")
-        else:
-            set_field(out, "data", output_array(out))
+        set_field(out, "data", output_array(out))
     if request is not None and request.outputs:
         by_name = {out.name: out for out in response.outputs}
         wanted = []

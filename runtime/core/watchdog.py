@@ -2,9 +2,11 @@
 
 REST, gRPC, health checks and every model share one event loop: a model's ``async def predict``
 that computes without awaiting holds all of them. The loop ticks a heartbeat; a thread of the
-watchdog checks it, and when the loop has not ticked for ``loop_block_warning`` seconds it reads
-the loop thread's stack (``sys._current_frames``), finds the frame of a served model's own code
-and logs one warning naming that model and where it is. The loop itself pays one timer per tick.
+watchdog checks it, and when the loop has not ticked for ``loop_block_warning`` seconds (0.1 by
+default, asyncio's ``slow_callback_duration``) it reads the loop thread's stack
+(``sys._current_frames``), finds the frame of a served model's own code and logs one warning
+naming that model and where it is; a stall in the server's own code is reported once it lasts
+``UNNAMED_FACTOR`` times as long. The loop itself pays one timer per tick.
 A plain ``def predict`` runs on threads (``runtime.scheduling.executor``) and never blocks the loop.
 """
 
@@ -21,6 +23,11 @@ from types import CodeType, FrameType
 from runtime.model import MLModel
 
 logger = logging.getLogger(__name__)
+
+UNNAMED_FACTOR = 5
+"""A stall with no served model's code on the loop's stack is reported once it lasts this many
+times the threshold: at asyncio's 0.1 s, imports on first use and full garbage collections would
+be reported, which no model author can act on."""
 
 
 def _own_code(model: MLModel) -> Iterable[CodeType]:
@@ -93,14 +100,18 @@ class LoopWatchdog:
             blocked = time.monotonic() - self._beat
             if blocked < self.threshold or self._reported:
                 continue
-            self._reported = True
             try:
                 found = culprit(sys._current_frames().get(self._loop_thread), list(self.models()))
             except Exception:  # the loop changed what we read: report without a name
                 found = None
             if found is None:
-                logger.warning("The event loop has been blocked for %.2fs", blocked)
+                # the server's own work (an import on first use, a full collection): looked at
+                # again while the stall lasts, reported only once it is long
+                if blocked >= self.threshold * UNNAMED_FACTOR:
+                    self._reported = True
+                    logger.warning("The event loop has been blocked for %.2fs", blocked)
             else:
+                self._reported = True
                 logger.warning(
                     "The event loop has been blocked for %.2fs by model %s (at %s): a model's async code "
                     "must not compute without awaiting; use a plain `def predict` (run on threads) or "

@@ -82,6 +82,7 @@ class AdaptiveScheduler(Scheduler):
         self._closing = False
         self._batch_ids = itertools.count(1)
         self._holds_collector = False
+        self._default_is_all = model.default_outputs_all
 
     @property
     def name(self) -> str:
@@ -142,7 +143,7 @@ class AdaptiveScheduler(Scheduler):
             raise ShuttingDown(f"Model {self.name!r} is unloading")
         if self._former is None:
             raise ModelNotReady(f"Model {self.name!r} is not started")
-        shape = batch_shape(request)
+        shape = batch_shape(request, self._default_is_all)
         timeout = queue_timeout(request, self.settings.queue_timeout)
         alone = shape.key is None
         caller = _Caller(
@@ -268,10 +269,12 @@ class AdaptiveScheduler(Scheduler):
             self._log_failure(batch_id, len(live), exc)
             reject(live, functools.partial(model_failed, self.name, exc))
         else:
+            compute = time.monotonic() - start
             resolve(live, responses)
-        finally:
             queued = sum(start - caller.arrival for caller in live)
-            self.stats.executed(len(live), queued, time.monotonic() - start)
+            items = sum(c.rows if isinstance(c, _Caller) else 1 for c in live)
+            self.stats.executed(len(live), queued, compute, items)
+        finally:
             abandon.close()
             # nothing may strand a caller, whatever went wrong above
             reject(live, lambda: ModelFailed(f"Model {self.name!r}: batch {batch_id} ended without a result"))

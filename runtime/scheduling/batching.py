@@ -81,8 +81,11 @@ def _first(item: tuple[Any, ...]) -> Any:
     return item[0]
 
 
-def batch_shape(request: InferenceRequest) -> BatchShape:
-    """The group a request batches in, and its rows. Inputs must already be checked arrays."""
+def batch_shape(request: InferenceRequest, default_is_all: bool = True) -> BatchShape:
+    """The group a request batches in, and its rows. Inputs must already be checked arrays.
+
+    ``default_is_all``: whether the model answers a request that names no outputs with all of
+    them (``MLModel.default_outputs_all``); when it does not, such requests batch only together."""
     rows = -1
     inputs: list[tuple[Any, ...]] = []
     for inp in request.inputs:
@@ -106,7 +109,9 @@ def batch_shape(request: InferenceRequest) -> BatchShape:
     if len(outputs) > 1:
         outputs.sort(key=_first)
     request_params = model_parameters(request.parameters, CALLER_REQUEST_PARAMETERS)
-    key = (tuple(inputs), tuple(outputs), _key_of(request_params) if request_params else ())
+    key: Hashable = (tuple(inputs), tuple(outputs), _key_of(request_params) if request_params else ())
+    if not default_is_all:
+        key = (key, not request.outputs)
     return BatchShape(key, rows)
 
 

@@ -378,14 +378,15 @@ class ContinuousScheduler(Scheduler):
                     if entry in self._running and not entry.gone:
                         await self._step([entry])
                 return
+        compute = time.monotonic() - start
         self.steps += 1
         self.largest_batch = max(self.largest_batch, size)
         # with a shared sequence store, the states are written before the chunks go out
         lost = await self.sequences.stepped(active) if self.sequences is not None else {}
-        queued = sum(start - entry.arrival for entry in active if entry.stream.steps == 0)
-        self.stats.executed(size, queued, time.monotonic() - start)
+        served, queued = 0, 0.0
         leaving: list[tuple[Entry, StreamEnd]] = []
         for entry, result in zip(active, results, strict=True):
+            first = entry.stream.steps == 0
             entry.stream.steps += 1
             if entry.gone or entry.ended:
                 continue  # its caller went away during the step
@@ -406,9 +407,14 @@ class ContinuousScheduler(Scheduler):
                 if not self._deliver(entry, result.response, result.finished):
                     leaving.append((entry, "failed"))
                     continue
+            served += 1
+            if first:
+                queued += start - entry.arrival
             if result.finished:
                 self._finish(entry)
                 leaving.append((entry, "finished"))
+        if served:  # the streams the step failed count as failures alone
+            self.stats.executed(served, queued, compute)
         for entry, reason in leaving:
             await self._left(entry, reason)
 

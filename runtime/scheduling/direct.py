@@ -52,27 +52,19 @@ class DirectScheduler(Scheduler):
         self._inside += 1
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        # _enter, _leave and stats.executed(1, compute=...), written out: this runs per request
-        if self._inside >= self.settings.max_queue_size:
-            self._enter()  # raises Overloaded
-        self._inside += 1
+        self._enter()
         start = monotonic()
         try:
             if tracing._active is None:  # no span to open: no context manager around the call
-                return await self.executor.call_predict(request)
-            with direct_span(self.settings.name, next(self._calls), start):
-                return await self.executor.call_predict(request)
+                response = await self.executor.call_predict(request)
+            else:
+                with direct_span(self.settings.name, next(self._calls), start):
+                    response = await self.executor.call_predict(request)
         finally:
-            compute = monotonic() - start
-            stats = self.stats
-            stats.executions += 1
-            stats.inferences += 1
-            sizes = stats.batch_sizes
-            sizes[1] = sizes.get(1, 0) + 1
-            stats.compute_seconds += compute
-            self._inside -= 1
-            if self._inside == 0 and self._idle is not None:
-                self._leave_last()
+            self._leave()
+        # an execution that served its request (a failed one counts as a failure alone)
+        self.stats.executed(1, 0.0, monotonic() - start)
+        return response
 
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
         self._enter()

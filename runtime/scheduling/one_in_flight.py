@@ -52,7 +52,6 @@ class OneInFlight:
         engine = self.engine
         assert engine is not None
         table = engine.table
-        active = table.active  # engine.current(seq), without its two calls: active.get(key) is seq
         ready = self._ready
         pop = heapq.heappop
         taken: list[Pending] = []
@@ -60,7 +59,7 @@ class OneInFlight:
             arrival, seq = pop(ready)
             seq.in_ready = False
             queue = seq.queue
-            if seq.running is not None or not queue or active.get(seq.key) is not seq:
+            if seq.running is not None or not queue or not table.current(seq):
                 continue
             head = queue[0]
             if head.future.done():  # cancelled, its callback not yet run

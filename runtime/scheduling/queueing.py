@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from runtime.errors import InvalidInput, Overloaded, QueueTimeout
-from runtime.types import InferenceRequest, InferenceResponse
+from runtime.types import InferenceRequest, InferenceResponse, extras
 
 # Triton's request parameter bounding the wait in the queue, in microseconds
 TIMEOUT_PARAMETER = "timeout"
@@ -55,7 +55,9 @@ def queue_timeout(request: InferenceRequest, default: float) -> float | None:
     own ``timeout`` parameter (uint64 microseconds; 0 means none); None for no limit."""
     limit = default if default > 0 else None
     params = request.parameters
-    extra = params.__pydantic_extra__ if params is not None else None  # model_extra, without the property
+    if params is None:
+        return limit
+    extra = extras(params)
     if not extra or TIMEOUT_PARAMETER not in extra:
         return limit
     value = extra[TIMEOUT_PARAMETER]

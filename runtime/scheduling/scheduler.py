@@ -63,3 +63,12 @@ class Scheduler(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """The strategy's settings, shown in model metadata."""
         return {"scheduler": "direct"}
+
+    def open_sequences(self) -> int:
+        """How many sequences are open on the model now (a model with one is not unloaded to make
+        room); read from ``describe``'s sequence statistics, where the strategy keeps sequences."""
+        described = self.describe()
+        sequences = described.get("sequence_stats") or (
+            described.get("stats") if described.get("scheduler") == "sequence" else None
+        )
+        return int(sequences.get("open_sequences", 0)) if sequences else 0

@@ -155,9 +155,7 @@ class SequenceScheduler(Scheduler):
         try:
             return await pending.future
         except asyncio.CancelledError:
-            # what submit's done callback does, here in the caller (no callback per request)
-            if pending.future.cancelled():
-                self.engine.cancel(pending)
+            self._forget_cancelled(pending)  # here in the caller: no done callback per request
             raise
 
     async def serve_stateless(self, request: InferenceRequest) -> InferenceResponse:
@@ -182,11 +180,12 @@ class SequenceScheduler(Scheduler):
         return seq is None or len(seq.queue) < self.sequences.max_queue
 
     def _on_done(self, pending: Pending) -> Callable[[asyncio.Future[InferenceResponse]], None]:
-        def done(future: asyncio.Future[InferenceResponse]) -> None:
-            if future.cancelled():
-                self.engine.cancel(pending)
+        return lambda _: self._forget_cancelled(pending)
 
-        return done
+    def _forget_cancelled(self, pending: Pending) -> None:
+        """Take a request whose caller left (its future cancelled) out of its sequence."""
+        if pending.future.cancelled():
+            self.engine.cancel(pending)
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest]
@@ -267,8 +266,7 @@ class SequenceScheduler(Scheduler):
             results = [exc] * len(steps)
         finally:
             self._running = 0
-            queued = sum(start - pending.queued_at for pending in batch)
-            self.stats.executed(len(batch), queued, time.monotonic() - start)
+            compute = time.monotonic() - start
 
         # keep the new states, then answer the callers (a state that could not be kept fails its
         # batch rather than leave a sequence to go on from a stale state), then tell the model of
@@ -284,6 +282,9 @@ class SequenceScheduler(Scheduler):
             ends.append(ended)
         evicted = await engine.commit(batch, steps, results, ends)
         ok = [isinstance(result, InferenceResponse) for result in results]
+        served = [pending for pending, good in zip(batch, ok, strict=True) if good]
+        if served:  # the steps that failed count as failures alone
+            self.stats.executed(len(served), sum(start - p.queued_at for p in served), compute)
         for pending, result in zip(batch, results, strict=True):
             if pending.future.done():
                 continue
@@ -321,6 +322,9 @@ class SequenceScheduler(Scheduler):
             self.engine.released(seq)
 
     # ------------------------------------------------------------------ metadata
+
+    def open_sequences(self) -> int:
+        return len(self.engine.table.active)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -161,7 +161,7 @@ class SequenceEngine:
         pending = Pending(request, control, seq, next(self._arrivals), loop.create_future(), replaces)
         seq.queue.append(pending)
         table.queued += 1
-        seq.idle_since = None  # seq.stop_idle(), without the call
+        seq.stop_idle()
         if control.start and self.life_s:
             if seq.life_timer is not None:
                 seq.life_timer.cancel()
@@ -344,7 +344,7 @@ class SequenceEngine:
         whose state is where it belongs: its next request may run, or its idle time starts."""
         if seq.queue:
             self.strategy.ready(seq)
-        elif self.idle_s and seq.live and self.table.active.get(seq.key) is seq:  # current(seq)
+        elif self.idle_s and seq.live and self.table.current(seq):
             self._start_idle(seq)
 
     def released(self, seq: Sequence) -> None:

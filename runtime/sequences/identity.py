@@ -29,6 +29,8 @@ from runtime.types import (
     InferenceResponse,
     Parameters,
     extra_parameters,
+    extras,
+    fields_set,
     set_extra,
     set_field,
 )
@@ -74,8 +76,8 @@ _SET_KEY, _SET_ECHO, _SET_START, _SET_END, _SET_GENERATED, _SET_STEP = (
 
 def _control(key: str, echo: SequenceId, start: bool, end: bool, step: int | None) -> SequenceControl:
     """``SequenceControl(key=key, echo=echo, start=start, end=end, step=step)``: the same frozen
-    instance, its slots set directly (the frozen dataclass's ``__init__`` goes through
-    ``object.__setattr__`` by name for each field: twice the cost, once per request)."""
+    instance, its slots set directly (the frozen dataclass's ``__init__`` sets each field
+    by name through ``object``'s own setter: twice the cost, once per request)."""
     control = _new(SequenceControl)
     _SET_KEY(control, key)
     _SET_ECHO(control, echo)
@@ -157,8 +159,7 @@ def _id(value: Any) -> SequenceId | None:
 
 def parse_control(parameters: Parameters | None) -> SequenceControl | None:
     """The request's sequence fields, or None when the request is not part of a sequence."""
-    # the extras themselves (what model_extra answers, without the property)
-    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    extra = extras(parameters)
     if not extra or (ID not in extra and START not in extra and END not in extra):
         return None
     given = extra.get(ID)
@@ -203,7 +204,7 @@ def apply_transport_fields(request: InferenceRequest, fields: Mapping[str, Any])
         extra: dict[str, Any] = {}
         parameters = extra_parameters(extra)
         set_field(request, "parameters", parameters)
-        given = parameters.__pydantic_fields_set__
+        given = fields_set(parameters)
         for name, value in fields.items():
             extra[name] = _transport_value(name, value)
             given.add(name)
@@ -265,8 +266,7 @@ def apply_headers(request: InferenceRequest, headers: Iterable[tuple[str, str]])
 def response_headers(response: InferenceResponse) -> dict[str, str]:
     """The headers (HTTP) / metadata (gRPC) that echo a sequence response's id, end and replica,
     for routers in front of replicas and for clients that let the server make the id."""
-    parameters = response.parameters
-    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    extra = extras(response.parameters)
     if not extra or ID not in extra:
         return {}
     echo = extra[ID]

@@ -157,8 +157,7 @@ class Sequences:
             if seq.closed is not None:
                 self.rejected["ended"] += 1
                 raise SequenceError(ended_message(control.echo, seq.closed))
-            if len(seq.queue) >= self.max_queue:  # the check of _check_room, without its call
-                self._check_room(seq, control)
+            self._check_room(seq, control)
         if control.end:
             seq.closed = "end"
         return seq, replaces

@@ -30,7 +30,10 @@ from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
 from runtime.frontends.docs.pages import docs_routes
 from runtime.frontends.kserve.v1 import KServeV1
+from runtime.frontends.mlflow.scoring import MLflowScoring
+from runtime.frontends.openai.openai_routes import OpenAIApi
 from runtime.frontends.rest.app import RestApi, _http_error, _server_error, _unexpected
+from runtime.frontends.rest.custom_routes import CustomHandlerRoutes
 from runtime.frontends.rest.middleware import wants_middleware, with_middleware
 from runtime.frontends.rest.repository_routes import repository_routes
 from runtime.frontends.rest.sse_routes import StreamingApi
@@ -114,12 +117,8 @@ class RestApp(Starlette):
                     params = {"model_name": parts[0], "model_version": parts[2]}
                 else:
                     endpoint = None
-                if endpoint is not None:  # _routed and _infer, written out: the hot path
-                    scope["app"] = self
-                    if "router" not in scope:
-                        scope["router"] = self.router
-                    scope["endpoint"] = endpoint
-                    scope["path_params"] = params
+                if endpoint is not None:  # the OIP's infer, answered here (no coroutine of its own)
+                    self._routed(scope, endpoint, params)
                     began = perf_counter() if count is not None else 0.0
                     status = 500  # what the client gets when answering fails before the response starts
                     try:
@@ -204,7 +203,7 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
     torchserve = TorchServeRest(dataplane)
     oip = api.routes()
     # the two OIP infer routes first (RestApp finds them by their suffix and dispatches them
-    # straight), then TorchServe's and KServe's inference routes, then everything else
+    # straight), then TorchServe's, KServe's and the OpenAI API's inference routes, then everything else
     hot, other = oip[:2], oip[2:]
     app = RestApp(
         api,
@@ -212,11 +211,14 @@ def create_app(dataplane: DataPlane, extra_routes: list[BaseRoute] | None = None
         hot
         + torchserve.routes()
         + KServeV1(dataplane).routes()
+        + OpenAIApi(dataplane).routes()
         + docs_routes(dataplane)
         + other
         + StreamingApi(api).routes()
         + repository_routes(dataplane)
-        + (extra_routes or []),
+        + MLflowScoring(dataplane).routes()
+        + (extra_routes or [])
+        + [CustomHandlerRoutes(dataplane)],  # models' @custom_handler methods, after every fixed route
         {ServerError: _server_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.use_middleware(dataplane.settings)

@@ -25,6 +25,9 @@ from runtime.core.dataplane import DataPlane
 from runtime.core.management import Management
 from runtime.core.management_key import ManagementKey
 from runtime.core.registry import Registry
+from runtime.core.repository_poll import RepositoryPoll
+from runtime.core.residency import Residency
+from runtime.core.response_cache import make_cache
 from runtime.core.watchdog import LoopWatchdog
 from runtime.frontends.grpc.grpc_server import GrpcServer
 from runtime.frontends.management.api import create_management_app
@@ -88,7 +91,11 @@ class Server:
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
         self.registry = Registry(
-            settings.model_repository_root, settings.parallel_workers, settings.shutdown_grace_period
+            settings.model_repository_root,
+            settings.parallel_workers,
+            settings.shutdown_grace_period,
+            Residency(settings.max_loaded_models, settings.models_memory_limit, settings.model_load_wait),
+            make_cache(settings.response_cache, settings.response_cache_size, settings.response_cache_ttl),
         )
         self.dataplane = DataPlane(settings, self.registry)
         self.observability = Observability(settings, self.dataplane, tracer_provider)
@@ -108,6 +115,8 @@ class Server:
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()
         self._watchdog: LoopWatchdog | None = None
+        self.poll: RepositoryPoll | None = None
+        """Follows the model repository (``repository_poll_interval``; None: off)."""
 
     async def load_models(self, models: list[ModelSettings] | None = None) -> None:
         broken: list[tuple[Path, str]] = []
@@ -115,14 +124,50 @@ class Server:
             models, broken = read_repository(self.settings.model_repository_root)
             for path, reason in broken:
                 logger.error("Cannot read %s: %s", path, reason)
-        self.dataplane.expect(models, [path.parent.name for path, _ in broken])
+        unreadable = [path.parent.name for path, _ in broken]
+        if self.registry.residency.on_demand:
+            await self._load_under_limits(models, unreadable)
+            return
+        self.dataplane.expect(models, unreadable)
         await asyncio.gather(*(self.registry.load(m) for m in models))
+
+    async def _load_under_limits(self, models: list[ModelSettings], unreadable: list[str]) -> None:
+        """Under a residency limit: register every model, load the pinned ones (readiness waits
+        for them), then, with ``load_models_at_startup``, the others in order while they fit."""
+        for settings in models:
+            self.registry.register(settings)
+        pinned = [m for m in models if m.pinned]
+        self.dataplane.expect(pinned, unreadable)
+        for settings in pinned:
+            await self.registry.load(settings)
+        if not self.settings.load_models_at_startup:
+            return
+        residency = self.registry.residency
+        for settings in models:
+            if settings.pinned:
+                continue
+            entry = self.registry.find(settings.name, settings.version)
+            resident = self.registry.resident()
+            full = residency.memory_limit and sum(e.memory for e in resident) >= residency.memory_limit
+            if full or not residency.fits(resident, entry):
+                break
+            await self.registry.load(settings)
+            if len(self.registry.resident()) <= len(resident):  # it took another's room: full
+                break
 
     async def start(self, models: list[ModelSettings] | None = None) -> None:
         """Load the models (unless told not to) and start listening."""
-        if self.settings.load_models_at_startup or models is not None:
+        if self.settings.load_models_at_startup or models is not None or self.registry.residency.on_demand:
             with fewer_collections():
                 await self.load_models(models)
+        if self.settings.repository_poll_interval > 0:
+            self.poll = RepositoryPoll(
+                self.registry,
+                self.settings.model_repository_root,
+                self.settings.repository_poll_interval,
+                self.dataplane.forget,
+            )
+            await self.poll.start()
         self.observability.start()
         app = self.observability.wrap_rest(create_app(self.dataplane))
         self._http, self._http_task, self.http_port = await self._serve_http(app, self.settings.http_port)
@@ -192,11 +237,15 @@ class Server:
 
     def _new_management_key(self) -> ManagementKey | None:
         """The management key (written to its file), which both the management REST API and
-        TorchServe's gRPC management service require; None when token authorization is off."""
-        if self.settings.management_token_auth:
-            self._management_key = ManagementKey(self.settings.management_key_file)
+        TorchServe's gRPC management service require (None when their token authorization is
+        off), and the repository extension's load and unload too (``repository_token_auth``)."""
+        settings = self.settings
+        if settings.management_token_auth or settings.repository_token_auth:
+            self._management_key = ManagementKey(settings.management_key_file)
             self._management_key.write()
-        return self._management_key
+        if settings.repository_token_auth:
+            self.dataplane.repository_key = self._management_key
+        return self._management_key if settings.management_token_auth else None
 
     async def _start_management(self) -> None:
         """The management API on its own port, guarded by a key unless token auth is off."""
@@ -212,7 +261,8 @@ class Server:
                 settings.management_host,
             )
         assert self.management is not None
-        app = create_management_app(self.management, self._management_key)
+        key = self._management_key if settings.management_token_auth else None
+        app = create_management_app(self.management, key)
         served = await self._serve_http(app, settings.management_port, settings.management_host)
         self._management_http, self._management_task, self.management_port = served
         logger.info(
@@ -246,6 +296,8 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, drain in-flight requests and streams (REST and gRPC at once), unload models."""
         self.dataplane.draining = True  # readiness says no first, while connections are still taken
+        if self.poll is not None:
+            await self.poll.stop()
         if self._grpc is not None:
             await self._grpc.health.refresh()
         await self.registry.hand_over()  # sequences in a shared store go on at other replicas now

@@ -17,6 +17,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 ModelKey = tuple[str, str]
 
+TRITON_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""The ``reason`` label of Triton's ``nv_inference_request_failure`` (its core's FailureReason;
+``observer.triton_reason`` sorts the errors)."""
+
 
 class Histogram:
     """Counts per bucket (the last one is +Inf) and the sum of what was observed."""
@@ -37,21 +41,25 @@ class ModelCounters:
 
     __slots__ = (
         "duration",
+        "failed",
         "failure",
-        "pending",
         "rejected",
         "stream_events",
         "streams_cancelled",
         "streams_open",
         "streams_opened",
         "success",
+        "success_seconds",
     )
 
     def __init__(self) -> None:
         self.success = 0
+        self.success_seconds = 0.0
+        """The summed durations of the requests that succeeded (Triton's request duration)."""
         self.failure = 0
+        self.failed: dict[str, int] = {}
+        """Failures by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER)."""
         self.duration = Histogram()
-        self.pending = 0
         self.rejected: dict[str, int] = {}
         self.streams_open = 0
         self.streams_opened = 0
@@ -115,9 +123,10 @@ class Recorder:
             "models": {
                 key: {
                     "success": c.success,
+                    "success_seconds": c.success_seconds,
                     "failure": c.failure,
+                    "failed": dict(c.failed),
                     "duration": _histogram(c.duration),
-                    "pending": c.pending,
                     "rejected": dict(c.rejected),
                     "streams_open": c.streams_open,
                     "streams_opened": c.streams_opened,

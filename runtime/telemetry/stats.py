@@ -12,9 +12,12 @@ from typing import Any
 class ExecutionStats:
     """Model executions of one loaded model version (a batch, a sequence batch or a step is one).
 
-    ``executed(size)`` is called once per execution with the number of requests (or streams) it
-    served, the seconds those requests waited before it (summed over the requests) and the
-    seconds the model computed.
+    ``executed(size)`` is called once per execution that served at least one request, with the
+    number of requests (or streams) it served successfully, the seconds those requests waited
+    before it (summed over them), the seconds the model computed, and the batch items (rows) they
+    held when that is not one each. As in Triton, what failed is counted by the failures alone: an
+    execution whose requests all failed is no execution here, and a failed request adds no
+    inference, queue or compute time.
     """
 
     __slots__ = ("batch_sizes", "compute_seconds", "executions", "inferences", "queue_seconds")
@@ -22,15 +25,19 @@ class ExecutionStats:
     def __init__(self) -> None:
         self.executions = 0
         self.inferences = 0
+        """Batch items served (Triton's inference count): a request's rows under adaptive batching,
+        one per request (or stream step) otherwise."""
         self.batch_sizes: dict[int, int] = {}
         """Executions by the number of requests they served."""
         self.queue_seconds = 0.0
         self.compute_seconds = 0.0
         """Model time summed over the requests served (a batch of 4 taking 1 s counts 4 s, as Triton)."""
 
-    def executed(self, size: int, queued: float = 0.0, compute: float = 0.0) -> None:
+    def executed(
+        self, size: int, queued: float = 0.0, compute: float = 0.0, items: int | None = None
+    ) -> None:
         self.executions += 1
-        self.inferences += size
+        self.inferences += size if items is None else items
         self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
         self.queue_seconds += queued
         self.compute_seconds += compute * size

@@ -9,7 +9,7 @@ buffer. On the wire::
     u32 body length | u32 buffer count | u64 length of each buffer | body | buffer 0 | buffer 1 ...
 
 A message whose payload is an ``InferenceRequest`` or ``InferenceResponse`` carries the payload as
-a tuple of its fields, marked by the top bits of the buffer count (``FLAT_REQUEST``,
+a tuple of its fields (every field the model declares, in order: ``_Form``), marked by the top bits of the buffer count (``FLAT_REQUEST``,
 ``FLAT_RESPONSE``): the receiver rebuilds it after unpickling, and the pickle names no function.
 
 Arrays under ``DIRECT`` bytes travel inside the pickle (a buffer of their own costs more than it
@@ -22,9 +22,11 @@ import copyreg
 import io
 import pickle
 import struct
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import numpy as np
+from pydantic import BaseModel
 
 from runtime.types import (
     Datatype,
@@ -35,6 +37,7 @@ from runtime.types import (
     RequestOutput,
     ResponseOutput,
     built,
+    model_state,
 )
 
 HEAD: Final = struct.Struct("<II")
@@ -47,8 +50,6 @@ DIRECT: Final = 64 * 1024
 """Buffers at least this big are read from the socket straight into their own memory."""
 
 Message = tuple[str, int, Any]
-
-_set = object.__setattr__
 
 _DATATYPES: Final[dict[Any, Any]] = dict(Datatype._value2member_map_)
 _DTYPES: Final[dict[str, np.dtype[Any]]] = {}
@@ -105,129 +106,119 @@ def _reduce_array(array: np.ndarray) -> Any:
 # the whole message without validation, as pydantic's own unpickling does, and each tensor's data
 # travels as (dtype, shape, raw bytes or out-of-band buffer). Subclasses pickle as usual.
 
+Flatten = Callable[[Any], Any]
+
+
+class _Form:
+    """How instances of one model type travel: the values of its fields, in the order of the model's
+    ``model_fields`` (a field added to the model travels with the others), each as its field's
+    function flattens it (as it is when there is none); rebuilt on the other side with every field set.
+    An instance of a subclass travels as pickle makes it."""
+
+    __slots__ = ("cls", "names", "steps")
+
+    def __init__(self, cls: type[BaseModel], special: Mapping[str, tuple[Flatten, Flatten]]) -> None:
+        self.cls = cls
+        self.names = frozenset(cls.model_fields)
+        unknown = set(special) - self.names
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+        self.steps: tuple[tuple[str, Flatten | None, Flatten | None], ...] = tuple(
+            (name, *special[name]) if name in special else (name, None, None) for name in cls.model_fields
+        )
+
+    def flat(self, model: Any) -> Any:
+        """``model``'s field values as a tuple (a subclass's instance: ``model`` itself)."""
+        if type(model) is not self.cls:
+            return model
+        values = model.__dict__
+        return tuple([values[name] if out is None else out(values[name]) for name, out, _ in self.steps])
+
+    def rebuilt(self, flat: Any) -> Any:
+        """The instance ``flat`` stands for (anything but a tuple: ``flat`` itself)."""
+        if type(flat) is not tuple:
+            return flat
+        values = {
+            name: value if back is None else back(value)
+            for (name, _, back), value in zip(self.steps, flat, strict=True)
+        }
+        return built(self.cls, values, set(self.names))
+
 
 def _flat_parameters(parameters: Any) -> Any:
     if type(parameters) is not Parameters:
         return parameters  # None, or a subclass that pickles as usual
-    return (parameters.__dict__, parameters.__pydantic_extra__, parameters.__pydantic_fields_set__)
+    return model_state(parameters)  # every field of Parameters (its values) and its extras
 
 
 def _parameters(flat: Any) -> Any:
     if type(flat) is not tuple:
         return flat
-    values, extra, fields_set = flat
-    return built(Parameters, values, fields_set, extra)
+    return built(Parameters, *flat)
 
 
-def _flat_tensor(tensor: Any) -> Any:
-    """A RequestInput or ResponseOutput as ``(name, shape, datatype, parameters, data, is_array)``."""
-    if type(tensor) not in _TENSORS:
-        return tensor
-    values = tensor.__dict__
-    datatype = values["datatype"]
-    data = values["data"]
+def _flat_datatype(datatype: Any) -> Any:
+    return datatype._value_ if type(datatype) is Datatype else datatype
+
+
+def _datatype(flat: Any) -> Any:
+    return _DATATYPES.get(flat, flat)
+
+
+def _flat_data(data: Any) -> tuple[bool, Any]:
+    """A tensor's data as ``(True, (dtype, shape, memory))`` for an array of plain numbers
+    (``_flat_array``), else ``(False, data)``."""
     flat = _flat_array(data)
-    parameters = values["parameters"]
+    return (False, data) if flat is None else (True, flat)
+
+
+def _data(flat: tuple[bool, Any]) -> Any:
+    is_array, data = flat
+    return _array(data[2], data[0], data[1]) if is_array else data
+
+
+_PARAMETERS = (_flat_parameters, _parameters)
+_TENSOR = {"datatype": (_flat_datatype, _datatype), "parameters": _PARAMETERS, "data": (_flat_data, _data)}
+_INPUT = _Form(RequestInput, _TENSOR)
+_OUTPUT = _Form(ResponseOutput, _TENSOR)
+_ASKED = _Form(RequestOutput, {"parameters": _PARAMETERS})
+
+
+def _each(form: _Form) -> tuple[Flatten, Flatten]:
+    """How a list of ``form``'s models (or None) travels."""
+    flat, rebuilt = form.flat, form.rebuilt
     return (
-        values["name"],
-        values["shape"],
-        datatype._value_ if type(datatype) is Datatype else datatype,
-        None if parameters is None else _flat_parameters(parameters),
-        data if flat is None else flat,
-        flat is not None,
+        lambda models: None if models is None else [flat(model) for model in models],
+        lambda flats: None if flats is None else [rebuilt(item) for item in flats],
     )
 
 
-_TENSOR_FIELDS: Final = frozenset({"name", "shape", "datatype", "parameters", "data"})
+_REQUEST = _Form(
+    InferenceRequest, {"parameters": _PARAMETERS, "inputs": _each(_INPUT), "outputs": _each(_ASKED)}
+)
+_RESPONSE = _Form(InferenceResponse, {"parameters": _PARAMETERS, "outputs": _each(_OUTPUT)})
+FORMS: Final = (_REQUEST, _RESPONSE, _INPUT, _OUTPUT, _ASKED)
+"""Every model type that travels as its fields."""
 
 
-def _tensor(cls: type[Any], flat: Any) -> Any:
-    if type(flat) is not tuple:
-        return flat
-    name, shape, datatype, parameters, data, is_array = flat
-    if is_array:
-        data = _array(data[2], data[0], data[1])
-    values = {
-        "name": name,
-        "shape": shape,
-        "datatype": _DATATYPES.get(datatype, datatype),
-        "parameters": None if parameters is None else _parameters(parameters),
-        "data": data,
-    }
-    return built(cls, values, set(_TENSOR_FIELDS))
-
-
-_REQUEST_FIELDS: Final = frozenset({"id", "parameters", "inputs", "outputs"})
-_RESPONSE_FIELDS: Final = frozenset({"model_name", "model_version", "id", "parameters", "outputs"})
-
-
-def _request(id_: Any, parameters: Any, inputs: list[Any], outputs: Any) -> InferenceRequest:
-    values = {
-        "id": id_,
-        "parameters": None if parameters is None else _parameters(parameters),
-        "inputs": [_tensor(RequestInput, t) for t in inputs],
-        "outputs": None
-        if outputs is None
-        else [
-            built(RequestOutput, {"name": o[0], "parameters": _parameters(o[1])}, {"name", "parameters"})
-            if type(o) is tuple
-            else o
-            for o in outputs
-        ],
-    }
-    request: InferenceRequest = built(InferenceRequest, values, set(_REQUEST_FIELDS))
+def _request(flat: tuple[Any, ...]) -> InferenceRequest:
+    request: InferenceRequest = _REQUEST.rebuilt(flat)
     return request
 
 
-def _reduce_request(request: InferenceRequest) -> Any:
-    return _request, _flat_request(request)
-
-
-def _flat_request(request: InferenceRequest) -> tuple[Any, ...]:
-    values = request.__dict__
-    outputs = values["outputs"]
-    parameters = values["parameters"]
-    return (
-        values["id"],
-        None if parameters is None else _flat_parameters(parameters),
-        [_flat_tensor(t) for t in values["inputs"]],
-        None
-        if outputs is None
-        else [(o.name, _flat_parameters(o.parameters)) if type(o) is RequestOutput else o for o in outputs],
-    )
-
-
-def _response(
-    model_name: Any, model_version: Any, id_: Any, parameters: Any, outputs: list[Any]
-) -> InferenceResponse:
-    values = {
-        "model_name": model_name,
-        "model_version": model_version,
-        "id": id_,
-        "parameters": None if parameters is None else _parameters(parameters),
-        "outputs": [_tensor(ResponseOutput, t) for t in outputs],
-    }
-    response: InferenceResponse = built(InferenceResponse, values, set(_RESPONSE_FIELDS))
+def _response(flat: tuple[Any, ...]) -> InferenceResponse:
+    response: InferenceResponse = _RESPONSE.rebuilt(flat)
     return response
 
 
+def _reduce_request(request: InferenceRequest) -> Any:
+    return _request, (_REQUEST.flat(request),)
+
+
 def _reduce_response(response: InferenceResponse) -> Any:
-    return _response, _flat_response(response)
+    return _response, (_RESPONSE.flat(response),)
 
 
-def _flat_response(response: InferenceResponse) -> tuple[Any, ...]:
-    values = response.__dict__
-    parameters = values["parameters"]
-    return (
-        values["model_name"],
-        values["model_version"],
-        values["id"],
-        None if parameters is None else _flat_parameters(parameters),
-        [_flat_tensor(t) for t in values["outputs"]],
-    )
-
-
-_TENSORS: Final = frozenset({RequestInput, ResponseOutput})
 _TABLE = {
     **copyreg.dispatch_table,
     np.ndarray: _reduce_array,
@@ -240,7 +231,7 @@ def rebuilt(message: tuple[str, int, Any], flat: int) -> tuple[str, int, Any]:
     """A message whose payload travelled as a request's or a response's fields, with the payload
     rebuilt."""
     kind, ident, fields = message
-    return kind, ident, _request(*fields) if flat == FLAT_REQUEST else _response(*fields)
+    return kind, ident, _REQUEST.rebuilt(fields) if flat == FLAT_REQUEST else _RESPONSE.rebuilt(fields)
 
 
 class Encoder:
@@ -259,9 +250,9 @@ class Encoder:
         if type(message) is tuple and len(message) == 3:
             payload = message[2]
             if type(payload) is InferenceResponse:
-                message, flat = (message[0], message[1], _flat_response(payload)), FLAT_RESPONSE
+                message, flat = (message[0], message[1], _RESPONSE.flat(payload)), FLAT_RESPONSE
             elif type(payload) is InferenceRequest:
-                message, flat = (message[0], message[1], _flat_request(payload)), FLAT_REQUEST
+                message, flat = (message[0], message[1], _REQUEST.flat(payload)), FLAT_REQUEST
         try:
             self._pickler.dump(message)
             body = out.getvalue()

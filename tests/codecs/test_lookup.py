@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.codecs.datetime import DatetimeCodec
 from runtime.codecs.interfaces import InputCodec
 from runtime.codecs.lookup import INPUT_CODECS, find_input_codec, find_request_codec
 from runtime.codecs.numpy import NumpyCodec, NumpyRequestCodec
@@ -46,4 +47,4 @@ def test_a_models_own_codecs_come_first_and_the_set_stays_fixed() -> None:
     assert find_input_codec(content_type="pd", extra=[Pandas]) is Pandas
     assert find_input_codec(payload={"a": 1}, extra=[Pandas]) is Pandas
     assert find_input_codec(content_type="str", extra=[OwnStrings]) is OwnStrings
-    assert INPUT_CODECS == (NumpyCodec, StringCodec, Base64Codec)
+    assert INPUT_CODECS == (NumpyCodec, StringCodec, Base64Codec, DatetimeCodec)

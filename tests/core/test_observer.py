@@ -3,12 +3,13 @@ model version, 503s by reason, streams and their cancellations (tracing off)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 import pytest
 
 from runtime import errors
-from runtime.core.observer import Observer, rejection
+from runtime.core.observer import Observer, rejection, triton_reason
 from runtime.core.registry import ModelEntry, Registry
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.telemetry.counts import Recorder
@@ -48,17 +49,35 @@ def test_a_503_is_counted_by_why(error: errors.ServerError, reason: str | None) 
     assert rejection(error) == reason
 
 
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (asyncio.CancelledError(), "CANCELED"),
+        (errors.Cancelled("gone"), "CANCELED"),
+        (errors.QueueTimeout("waited"), "REJECTED"),
+        (errors.RequestTimeout("took"), "REJECTED"),
+        (errors.ModelFailed("raised"), "BACKEND"),
+        (errors.WorkerLost("died"), "BACKEND"),
+        (errors.InvalidInput("bad"), "OTHER"),
+        (errors.Overloaded("full"), "OTHER"),
+        (errors.ModelNotReady("loading"), "OTHER"),
+    ],
+)
+def test_a_failure_has_tritons_reason(error: BaseException, reason: str) -> None:
+    assert triton_reason(error) == reason
+
+
 def test_requests_are_counted_per_version_with_their_outcome_and_duration() -> None:
     observer, recorder, entry = _observer()
     first = observer.begin(entry, "m", None)
     second = observer.begin(entry, "m", "1")
     assert first is not None and second is not None
     counters = recorder.model("m", "1")
-    assert counters.pending == 2
     Observer.done(first, None)
     Observer.done(second, errors.Overloaded("full"))
-    assert (counters.success, counters.failure, counters.pending) == (1, 1, 0)
+    assert (counters.success, counters.failure, counters.failed) == (1, 1, {"OTHER": 1})
     assert counters.rejected == {"overloaded": 1} and sum(counters.duration.counts) == 2
+    assert 0 < counters.success_seconds < counters.duration.sum  # the failure's time is not in it
 
 
 def test_a_refused_request_counts_for_a_known_version_only() -> None:
@@ -67,7 +86,7 @@ def test_a_refused_request_counts_for_a_known_version_only() -> None:
     observer.refused("invented", None, errors.ModelNotFound("invented"))
     assert list(recorder.models) == [("m", "1")]
     counters = recorder.model("m", "1")
-    assert (counters.failure, counters.pending, counters.rejected) == (1, 0, {"not_ready": 1})
+    assert (counters.failure, counters.failed, counters.rejected) == (1, {"OTHER": 1}, {"not_ready": 1})
 
 
 def test_with_nothing_to_record_nothing_is_watched() -> None:

@@ -31,3 +31,10 @@ def test_a_snapshot_reads_back_and_a_missing_count_is_zero() -> None:
     }
     snapshot["batch_sizes"][2] = 99
     assert stats.batch_sizes == {2: 1}  # a snapshot is a copy
+
+
+def test_the_inferences_of_an_execution_are_its_batch_items_when_given() -> None:
+    stats = ExecutionStats()
+    stats.executed(2, compute=1.0, items=5)  # two requests holding 5 rows between them
+    assert (stats.executions, stats.inferences, stats.batch_sizes) == (1, 5, {2: 1})
+    assert stats.compute_seconds == 2.0  # model time is per request

@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import pytest
 
 from runtime.types import (
     Datatype,
@@ -19,7 +20,20 @@ from runtime.types import (
     RequestOutput,
     ResponseOutput,
 )
-from runtime.workers.wire import COUNT, DIRECT, FLAT_REQUEST, FLAT_RESPONSE, HEAD, Encoder, encode, rebuilt
+from runtime.workers.wire import (
+    COUNT,
+    DIRECT,
+    FLAT_REQUEST,
+    FLAT_RESPONSE,
+    FORMS,
+    HEAD,
+    Encoder,
+    _flat_parameters,
+    _Form,
+    _parameters,
+    encode,
+    rebuilt,
+)
 
 
 def _decode(pieces: list[bytes | memoryview]) -> tuple[Any, int, int]:
@@ -100,3 +114,77 @@ def test_a_response_round_trips_as_its_fields_with_one_encoder_reused() -> None:
         assert (ident, flat) == (i, FLAT_RESPONSE)
         assert type(back) is InferenceResponse and back.model_name == "m" and back.id == f"r{i}"
         assert back.outputs[0].data.tolist() == [i] and back.outputs[1].data == [b"text"]
+
+
+# every field of every model type that travels as its fields, set to a value that is not its default
+_VALUES: dict[type[Any], dict[str, Any]] = {
+    InferenceRequest: {
+        "id": "r7",
+        "parameters": Parameters(content_type="np", headers={"h": "v"}, custom=[1, 2]),
+        "inputs": [RequestInput(name="x", shape=[1], datatype=Datatype.INT8, data=[3])],
+        "outputs": [RequestOutput(name="y", parameters=Parameters(binary_data=True))],
+    },
+    InferenceResponse: {
+        "model_name": "m",
+        "model_version": "2",
+        "id": "r7",
+        "parameters": Parameters(sequence_id="s"),
+        "outputs": [ResponseOutput(name="y", shape=[1], datatype=Datatype.BYTES, data=[b"a"])],
+    },
+    RequestInput: {
+        "name": "x",
+        "shape": [2, 1],
+        "datatype": Datatype.FP64,
+        "parameters": Parameters(content_type="np"),
+        "data": np.array([[1.0], [2.0]]),
+    },
+    ResponseOutput: {
+        "name": "y",
+        "shape": [2],
+        "datatype": Datatype.UINT16,
+        "parameters": Parameters(other=1),
+        "data": np.array([4, 5], dtype=np.uint16),
+    },
+    RequestOutput: {"name": "y", "parameters": Parameters(binary_data=False)},
+}
+
+
+def _dumped(model: Any) -> Any:
+    """A model's fields, arrays as lists, for comparing two models."""
+    return {
+        name: value.tolist() if isinstance(value, np.ndarray) else value
+        for name, value in model.model_dump().items()
+    }
+
+
+def test_every_field_of_every_type_that_travels_as_its_fields_comes_back() -> None:
+    assert {form.cls for form in FORMS} == set(_VALUES)
+    for form in FORMS:
+        values = _VALUES[form.cls]
+        assert set(values) == set(form.cls.model_fields), f"a value for every field of {form.cls.__name__}"
+        model = form.cls(**values)
+        for name, value in values.items():
+            assert value is not form.cls.model_fields[name].default, (form.cls.__name__, name)
+        back = form.rebuilt(pickle.loads(pickle.dumps(form.flat(model), protocol=5)))
+        assert type(back) is form.cls
+        assert _dumped(back) == _dumped(model)
+        assert back.model_fields_set == set(form.cls.model_fields)
+    request = InferenceRequest(**_VALUES[InferenceRequest])
+    (_, _, back), _, _ = _decode(encode(("infer", 1, request)))
+    assert _dumped(back) == _dumped(request)
+
+
+def test_a_field_added_to_a_model_travels_without_a_change_to_the_wire() -> None:
+    class Wider(InferenceResponse):  # InferenceResponse with one field more
+        trace: str | None = None
+
+    form = _Form(Wider, {"parameters": (_flat_parameters, _parameters)})
+    model = Wider(model_name="m", outputs=[], trace="t-1", parameters=Parameters(a=1))
+    back = form.rebuilt(pickle.loads(pickle.dumps(form.flat(model))))
+    assert type(back) is Wider and back.trace == "t-1" and back.model_name == "m"
+    assert back.parameters is not None and back.parameters.model_extra == {"a": 1}
+
+
+def test_a_form_refuses_a_field_its_model_does_not_have() -> None:
+    with pytest.raises(TypeError, match="no field"):
+        _Form(RequestOutput, {"data": (_flat_parameters, _parameters)})

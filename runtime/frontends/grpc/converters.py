@@ -10,20 +10,26 @@ contents otherwise, and raw whatever the request when an output's datatype has n
 Parameters keep their kind both ways: ``uint64_param`` arrives as :class:`runtime.types.UInt64`
 and leaves as ``uint64_param``, like any integer of 2**63 or more; other integers travel as
 ``int64_param``, floats as ``double_param``, booleans as ``bool_param``, strings as ``string_param``.
+
+Bytes that do not parse as the request message a method expects are bad input: the method's
+deserializer (:func:`request_reader`) gives an :class:`Undecodable` in the message's place, and
+the handler's first read of a field raises ``InvalidInput`` (INVALID_ARGUMENT, in band on a stream).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import orjson
+from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-from runtime.tensors import to_raw
+from runtime.frontends.grpc.wire_codec import PACKED, packed_array, raw_bytes
 from runtime.types import (
     Datatype,
     InferenceRequest,
@@ -58,6 +64,54 @@ _CONTENTS: dict[str, tuple[str, Any]] = {
 }
 
 _INT64_MIN, _INT64_END, _UINT64_END = -(2**63), 2**63, 2**64
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- bytes that do not parse
+
+
+class Undecodable:
+    """What a request deserializer gives for bytes that are not the message it expects: reading
+    any field raises ``InvalidInput`` (so a handler's first read answers INVALID_ARGUMENT, and a
+    valid message costs nothing more than the deserializer's try)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def refusal(self) -> InvalidInput:
+        """The error that answers this message."""
+        return InvalidInput(self.message)
+
+    def decode(self) -> InferenceRequest:
+        """What decoding it would give: its refusal, raised."""
+        raise self.refusal()
+
+    def __getattr__(self, name: str) -> Any:
+        raise self.refusal()
+
+
+def request_reader(message_type: Any) -> Callable[[bytes], Any]:
+    """A gRPC request deserializer of ``message_type``: the message, or an :class:`Undecodable`
+    (logged on one line) when the bytes do not parse. grpc would otherwise log the DecodeError
+    with its traceback and answer UNKNOWN, ending a stream."""
+    parse = message_type.FromString
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            logger.info(
+                "Refused a gRPC message (%d bytes) that is not a valid %s: %s", len(data), full_name, exc
+            )
+            return Undecodable(
+                f"The message is not a valid {full_name}: it does not parse as protobuf ({exc})"
+            )
+
+    return deserialize
 
 
 # ---------------------------------------------------------------------- parameters
@@ -185,9 +239,8 @@ _REQUEST_FIELDS = frozenset(InferenceRequest.model_fields)
 
 def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> np.ndarray | None:
     has_contents = tensor.HasField("contents")
-    packed = _PACKED.get(datatype)
-    if packed is not None and has_contents:
-        array = _packed_array(tensor.contents.SerializeToString(), *packed)
+    if has_contents and datatype in PACKED:  # read straight from the bytes (wire_codec)
+        array = packed_array(tensor.contents.SerializeToString(), datatype)
         if array is not None:
             return array
     fields = tensor.contents.ListFields() if has_contents else []
@@ -222,39 +275,6 @@ def _typed_array(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -
             f"values must lie in [{info.min}, {info.max}]"
         )
     return array.astype(dtype)
-
-
-# the contents fields whose values are written packed, one fixed-size little-endian value (or one
-# byte: a bool's varint is 0 or 1) after another: their key and the dtype of their values
-_PACKED: dict[str, tuple[int, np.dtype[Any]]] = {
-    "BOOL": (0x0A, np.dtype(np.bool_)),
-    "FP32": (0x32, np.dtype("<f4")),
-    "FP64": (0x3A, np.dtype("<f8")),
-}
-
-
-def _packed_array(contents: bytes, key: int, dtype: np.dtype[Any]) -> np.ndarray | None:
-    """The values of a serialized InferTensorContents that holds the one field ``key`` (packed, as
-    protobuf writes it), as a new array of ``dtype``: what ``np.asarray`` of the repeated field
-    gives, bit for bit, without going through it. None when anything else is there (the general
-    path sorts it out)."""
-    if len(contents) < 2 or contents[0] != key:
-        return None
-    length, start = contents[1], 2
-    if length >= 0x80:
-        length, shift = length & 0x7F, 7
-        while True:
-            if start >= len(contents):
-                return None
-            byte = contents[start]
-            start += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-    if start + length != len(contents) or length % dtype.itemsize:
-        return None
-    return np.frombuffer(contents, dtype, offset=start).copy()  # writable, as np.asarray's
 
 
 # ---------------------------------------------------------------------- responses
@@ -294,21 +314,6 @@ def response_to_proto(
         else:
             _set_typed(tensor.contents, out.data, datatype)
     return msg
-
-
-RAW_DTYPES = {datatype: dtype for datatype, (_, dtype) in _CONTENTS.items() if datatype != "BYTES"}
-RAW_DTYPES["FP16"], RAW_DTYPES["BF16"] = np.dtype("<f2"), np.dtype("<u2")
-NO_DTYPE = np.dtype([("no raw dtype", "u1")])
-"""What no output's array is (BYTES has no raw dtype; ``dtype == None`` would hold for float64)."""
-
-
-def raw_bytes(data: Any, datatype: str) -> bytes:
-    """An output's raw contents: a checked output's array (of the datatype's little-endian dtype)
-    copied once, in C order; anything else as ``to_raw`` makes it."""
-    if type(data) is np.ndarray and data.dtype == RAW_DTYPES.get(datatype, NO_DTYPE):
-        return data.tobytes()  # (also right for an empty array, which to_raw cannot cast)
-    raw = to_raw(data, datatype)
-    return raw if isinstance(raw, bytes) else raw.tobytes()
 
 
 def _set_typed(contents: pb.InferTensorContents, array: np.ndarray, datatype: str) -> None:

@@ -25,6 +25,8 @@ from runtime.frontends.grpc.servicer import InferenceServicer, serialized
 from runtime.frontends.grpc.stream_rpc import stream_handler
 from runtime.settings import Settings
 
+from .converters import request_reader
+
 logger = logging.getLogger(__name__)
 
 MLSERVER_REPOSITORY_SERVICE = "inference.model_repository.ModelRepositoryService"
@@ -56,7 +58,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=request.FromString,
+            request_deserializer=request_reader(request),
             response_serializer=serialized if name == "ModelInfer" else response.SerializeToString,
         )
         for name, request, response in _UNARY
@@ -64,7 +66,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     streamed = pb.ModelStreamInferResponse if stream_format == "triton" else pb.ModelInferResponse
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         stream_handler(dataplane, stream_format),
-        request_deserializer=pb.ModelInferRequest.FromString,
+        request_deserializer=request_reader(pb.ModelInferRequest),
         response_serializer=streamed.SerializeToString,
     )
     return handlers

@@ -24,8 +24,8 @@ from runtime.frontends.grpc.converters import (
     server_metadata_to_proto,
 )
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-from runtime.frontends.grpc.response_writer import response_bytes
 from runtime.frontends.grpc.status_codes import code_of, status_message, trailers_of
+from runtime.frontends.grpc.wire_codec import response_bytes
 from runtime.sequences.identity import apply_headers, response_headers
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,14 @@ def _metadata(context: Any) -> tuple[tuple[str, Any], ...]:
     """The call's metadata; its binary ``-bin`` entries are never sequence fields, whose names
     ``apply_headers`` looks for and which gRPC carries as text."""
     return context.invocation_metadata() or ()
+
+
+def _authorization(context: Any) -> str | None:
+    """The call's ``authorization`` metadata (``Bearer <key>``), as REST's header."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def serialized(message: pb.ModelInferResponse | bytes) -> bytes:
@@ -145,7 +153,7 @@ class InferenceServicer:
                 f"Loading with parameters ({', '.join(sorted(request.parameters))}) is not supported: "
                 "models load from the model-settings.json in the repository folder"
             )
-        await self.dataplane.repository_load(request.model_name)
+        await self.dataplane.repository_load(request.model_name, _authorization(context))
         return pb.RepositoryModelLoadResponse()
 
     @guarded
@@ -153,5 +161,5 @@ class InferenceServicer:
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         # Triton's unload_dependents has no meaning here: models do not depend on each other
-        await self.dataplane.repository_unload(request.model_name)
+        await self.dataplane.repository_unload(request.model_name, _authorization(context))
         return pb.RepositoryModelUnloadResponse()

@@ -24,6 +24,7 @@ STATUS: tuple[tuple[type[errors.ServerError], grpc.StatusCode], ...] = (
     # must not retry it as it is (it must send the expected step), hence not ABORTED
     (errors.SequenceStepConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.ModelFailed, grpc.StatusCode.INTERNAL),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),
 )

@@ -39,7 +39,7 @@ from runtime.core.client_streams import Reply, Routed
 from runtime.core.dataplane import DataPlane
 from runtime.core.fairness import LoopTurns
 from runtime.errors import ServerError, internal_error
-from runtime.frontends.grpc.converters import request_from_proto, response_to_proto
+from runtime.frontends.grpc.converters import Undecodable, request_from_proto, response_to_proto
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.status_codes import code_of, trailers_of
 from runtime.streams.pipeline import StreamError
@@ -49,6 +49,9 @@ from runtime.types import InferenceResponse
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_EMPTY = pb.ModelInferRequest()
+"""What a message that does not parse is tagged as (it names nothing, carries nothing)."""
 
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -60,6 +63,9 @@ async def _routed(
     """The call's requests, as the core reads them, until the client half-closes."""
     while (message := await context.read()) is not grpc.aio.EOF:
         turns.grpc_call()
+        if type(message) is Undecodable:  # answered in band; the stream goes on
+            yield Routed("", None, None, message.decode, tag(_EMPTY), error=message.refusal())
+            continue
         yield Routed(
             model=message.model_name,
             version=message.model_version or None,

@@ -1,7 +1,9 @@
 """KServe's V1 protocol on the main REST port, translated onto the DataPlane.
 
 - ``GET /v1/models`` -> ``{"models": [names]}``; ``GET /v1/models/{m}`` -> ``{"name", "ready"}``
-  (503 ``{"error": "Model with name m is not ready."}`` when it is not).
+  (503 ``{"error": "Model with name m is not ready."}`` when it is not). The same paths are the
+  OpenAI API's model list and model: each answer carries OpenAI's keys too (``object``,
+  ``data``; ``id``, ``created``, ``owned_by``), so one answer serves both clients.
 - ``POST /v1/models/{m}:predict`` with ``{"instances": [...]}`` (rows) or ``{"inputs": ...}``
   (columns) -> ``{"predictions": [...]}``. Rows map onto the model's declared inputs: with one
   input, the instances are its rows; with several, each instance is an object keyed by input name.
@@ -27,6 +29,7 @@ The body is parsed as JSON whatever its Content-Type (KServe needs ``application
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -48,6 +51,16 @@ from runtime.types import Datatype, InferenceRequest, InferenceResponse, Metadat
 
 _BATCHES = uuid.uuid4()
 """Batch ids are uuids derived from this process's token, the model and the scheduler's batch number."""
+
+
+def model_card(name: str) -> dict[str, Any]:
+    """OpenAI's keys for a model (the OpenAI front end answers the same under ``/openai/v1``)."""
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mlserver-like"}
+
+
+def models_list(names: list[str]) -> dict[str, Any]:
+    """``GET /v1/models`` for KServe's clients (``models``) and OpenAI's (``data``) alike."""
+    return {"object": "list", "data": [model_card(n) for n in names], "models": names}
 
 
 def _json(document: Any, status: int = 200) -> Response:
@@ -188,7 +201,7 @@ class KServeV1:
 
     async def list_models(self, request: Request) -> Response:
         names = sorted({item.name for item in self.dataplane.registry.index(ready_only=True)})
-        return _json({"models": names})
+        return _json(models_list(names))
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["model_name"]
@@ -198,7 +211,7 @@ class KServeV1:
             return _error(f"Model with name {name} does not exist.", 404)
         if not ready:
             return _error(f"Model with name {name} is not ready.", 503)
-        return _json({"name": name, "ready": True})
+        return _json({"name": name, "ready": True, **model_card(name)})
 
     async def predict(self, request: Request) -> Response:
         return await self._serve(request, explain=False)

@@ -20,7 +20,16 @@ from pydantic import ValidationError
 
 from runtime.errors import InvalidInput
 from runtime.tensors import to_json_data, to_raw
-from runtime.types import Datatype, InferenceRequest, InferenceResponse, Parameters, ResponseOutput, set_field
+from runtime.types import (
+    Datatype,
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    ResponseOutput,
+    extras,
+    request_from_json,
+    set_field,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -74,13 +83,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     return body[:size], memoryview(body)[size:]
 
 
-_validate_json = InferenceRequest.__pydantic_validator__.validate_json
-
-
 def parse_request(json_part: bytes, binary: memoryview | None) -> InferenceRequest:
     """An InferenceRequest from a JSON header and the binary part that follows it, if any."""
-    try:  # InferenceRequest.model_validate_json, without its Python frame
-        request: InferenceRequest = _validate_json(json_part)
+    try:
+        request = request_from_json(json_part)
     except ValidationError as exc:
         raise InvalidInput(validation_message(exc)) from None
     if binary is not None:
@@ -111,7 +117,7 @@ def attach_binary(request: InferenceRequest, binary: memoryview) -> None:
 def _binary_size(parameters: Parameters | None, name: str) -> int | None:
     if parameters is None:
         return None
-    extra = parameters.__pydantic_extra__  # model_extra, without the property's Python call
+    extra = extras(parameters)
     if not extra or "binary_data_size" not in extra:
         return None
     size = extra["binary_data_size"]
@@ -121,7 +127,7 @@ def _binary_size(parameters: Parameters | None, name: str) -> int | None:
 
 
 def _flag(parameters: Parameters | None, key: str) -> bool | None:
-    extra = parameters.__pydantic_extra__ if parameters is not None else None  # model_extra, as above
+    extra = extras(parameters)
     if not extra:
         return None
     value = extra.get(key)
@@ -137,7 +143,7 @@ def _parameters(parameters: Parameters | None) -> dict[str, Any] | None:
         return None
     # the common case (a sequence's answer: only extras, each a plain value) without pydantic's
     # serializer: what model_dump(exclude_none=True) gives for it
-    extra = parameters.__pydantic_extra__
+    extra = extras(parameters)
     if extra is not None and type(parameters) is Parameters:
         values = parameters.__dict__
         if values["content_type"] is None and values["headers"] is None and len(values) == 2:

@@ -1,7 +1,9 @@
 """REST routes of the model repository extension (MLServer's and Triton's paths).
 
 POST /v2/repository/index (body optional: {"ready": true}) lists the models, loaded or not;
-POST /v2/repository/models/{model_name}/load (re)loads one; .../unload unloads it.
+POST /v2/repository/models/{model_name}/load (re)loads one; .../unload unloads it. Load and unload
+hand the request's ``Authorization`` header to the DataPlane, which needs the management key
+there unless ``repository_token_auth`` is off; the index is read-only and open.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ def repository_routes(dataplane: DataPlane) -> list[BaseRoute]:
         )
 
     async def load(request: Request) -> Response:
-        await dataplane.repository_load(request.path_params["model_name"])
+        authorization = request.headers.get("authorization")
+        await dataplane.repository_load(request.path_params["model_name"], authorization)
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:
-        await dataplane.repository_unload(request.path_params["model_name"])
+        authorization = request.headers.get("authorization")
+        await dataplane.repository_unload(request.path_params["model_name"], authorization)
         return Response(status_code=200)
 
     return [

@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runtime.sequences.identity import END, HEADERS, ID, REPLICA, STEP, apply_headers, response_headers
-from runtime.types import InferenceRequest, InferenceResponse
+from runtime.types import InferenceRequest, InferenceResponse, extras
 
-_PREFIX = b"ts_request_sequence_"
-_STEP = STEP.encode()
+SEQUENCE_PREFIX = b"ts_request_sequence_"
+STEP_HEADER = STEP.encode()
+"""The raw names of the sequence headers (a REST request reader finds them by these)."""
 _REPLICA = REPLICA.encode()
 
 
@@ -30,7 +31,7 @@ def read_sequence_headers(request: InferenceRequest, raw_headers: Iterable[tuple
     found = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, value in raw_headers
-        if name[:20] == _PREFIX or name == _STEP
+        if name[:20] == SEQUENCE_PREFIX or name == STEP_HEADER
     ]
     if found:
         apply_headers(request, found)
@@ -43,8 +44,7 @@ def sequence_headers(response: InferenceResponse) -> dict[str, str]:
 
 def raw_sequence_headers(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
     """``sequence_headers(response)`` as an ASGI response's raw headers (UTF-8), in one call."""
-    parameters = response.parameters
-    extra = parameters.__pydantic_extra__ if parameters is not None else None
+    extra = extras(response.parameters)
     if not extra or ID not in extra:
         return []
     echo = extra[ID]
@@ -57,4 +57,11 @@ def raw_sequence_headers(response: InferenceResponse) -> list[tuple[bytes, bytes
     return raw
 
 
-__all__ = ["HEADERS", "raw_sequence_headers", "read_sequence_headers", "sequence_headers"]
+__all__ = [
+    "HEADERS",
+    "SEQUENCE_PREFIX",
+    "STEP_HEADER",
+    "raw_sequence_headers",
+    "read_sequence_headers",
+    "sequence_headers",
+]

@@ -26,11 +26,12 @@ from starlette.routing import BaseRoute, Route
 
 from runtime.core.generate import GenerateRequest, GenerateResponse, is_generate_body
 from runtime.errors import InvalidInput
-from runtime.frontends.rest.app import RestApi, _model, json_response, read_body
-from runtime.frontends.rest.codec import HEADER_LENGTH, dumps, encode_response, parse_json, validation_message
+from runtime.frontends.rest.app import RestApi, _model, json_response, read_request
+from runtime.frontends.rest.codec import dumps, encode_response, parse_json, validation_message
 from runtime.frontends.rest.disconnect import cancel_on_disconnect
-from runtime.frontends.rest.sequence import read_sequence_headers, sequence_headers
+from runtime.frontends.rest.sequence import sequence_headers
 from runtime.frontends.rest.sse import message_event, sse_response
+from runtime.sequences.identity import apply_headers
 from runtime.streams.pipeline import one
 from runtime.types import InferenceRequest, InferenceResponse
 
@@ -70,7 +71,9 @@ class StreamingApi:
 
     async def infer_stream(self, request: Request) -> Response:
         name, version = _model(request)
-        inference_request = await self.api.read_inference_request(request, name, version)
+        inference_request = await self.api.read_inference_request(
+            request.scope, request.receive, name, version
+        )
         return await self._stream(request, inference_request, name, version, None)
 
     async def generate(self, request: Request) -> Response:
@@ -111,8 +114,9 @@ class StreamingApi:
         """The request a generate body stands for and how to answer it; or a tensor
         InferenceRequest (JSON or binary tensor data), answered as ``/infer`` answers it."""
         self.dataplane.check_model(name, version)
-        raw = await read_body(request, self.api.max_request_size)
-        header_length = request.headers.get(HEADER_LENGTH)
+        raw, header_length, sequence = await read_request(
+            request.scope, request.receive, self.api.max_request_size
+        )
         answer: Answer | None = None
         if header_length is None:
             document = parse_json(raw)
@@ -126,7 +130,8 @@ class StreamingApi:
                 raise InvalidInput("A generate request needs text_input (or, as a tensor request, inputs)")
         if answer is None:
             inference_request = self.api.parse_inference_request(raw, header_length, name, version)
-        read_sequence_headers(inference_request, request.scope["headers"])
+        if sequence is not None:
+            apply_headers(inference_request, sequence)
         return inference_request, answer
 
     def routes(self) -> list[BaseRoute]:

@@ -1,6 +1,7 @@
 """Core errors to HTTP statuses: the REST transport's one table.
 
-A "try again later" error (``Unavailable``, 503) also carries a ``Retry-After`` header (seconds).
+A "try again later" error (``Unavailable``, 503) also carries a ``Retry-After`` header (seconds);
+a 401 (``Unauthenticated``) carries ``WWW-Authenticate: Bearer``, the scheme the key is sent in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ STATUS: tuple[tuple[type[errors.ServerError], int], ...] = (
     (errors.InvalidInput, 400),
     (errors.ModelNotFound, 404),
     (errors.SequenceStepConflict, 409),
+    (errors.Unauthenticated, 401),
     (errors.Unavailable, 503),
     (errors.ModelFailed, 500),
     (errors.Cancelled, 499),
@@ -31,5 +33,10 @@ RETRY_AFTER = "1"
 
 
 def headers_of(error: errors.ServerError) -> dict[str, str] | None:
-    """Headers sent with ``error``'s status: ``Retry-After`` for a "try later" error."""
-    return {"Retry-After": RETRY_AFTER} if isinstance(error, errors.Unavailable) else None
+    """Headers sent with ``error``'s status: ``Retry-After`` for a "try later" error,
+    ``WWW-Authenticate`` for a missing key."""
+    if isinstance(error, errors.Unavailable):
+        return {"Retry-After": RETRY_AFTER}
+    if isinstance(error, errors.Unauthenticated):
+        return {"WWW-Authenticate": "Bearer"}
+    return None

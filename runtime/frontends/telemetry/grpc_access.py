@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import Message
 
 from runtime.frontends.telemetry.access import REQUEST_ID, log_access, trace_id_of
 from runtime.ids import new_id
@@ -184,6 +185,8 @@ class ObservedGrpc(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ha
                 "grpc", full, model, version, code.name, seconds, request_id, response.sequence_id, trace_id
             )
             return
+        if not isinstance(request, Message):  # bytes that did not parse name nothing
+            request = None
         model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
         version = getattr(request, "model_version", None) or getattr(request, "version", None) or None
         request_id = metadata.get(REQUEST_ID) or getattr(request, "id", None) or new_id()
@@ -206,7 +209,7 @@ class _ReadRecorder:
 
     async def read(self) -> Any:
         message = await self._context.read()
-        if message is not grpc.aio.EOF:
+        if isinstance(message, Message):  # not EOF, nor bytes that did not parse
             model = getattr(message, "model_name", "")
             if model:
                 self.models[model, getattr(message, "model_version", "")] = None

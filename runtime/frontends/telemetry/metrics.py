@@ -23,7 +23,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from runtime.telemetry.counts import BATCH_BUCKETS, DURATION_BUCKETS, ModelKey, Recorder, merge
+from runtime.core.residency import LOAD_BUCKETS
+from runtime.telemetry.counts import (
+    BATCH_BUCKETS,
+    DURATION_BUCKETS,
+    TRITON_REASONS,
+    ModelKey,
+    Recorder,
+    merge,
+)
+from runtime.telemetry.tokens import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, TokenStats
 
 if TYPE_CHECKING:
     from runtime.core.registry import Registry
@@ -52,6 +61,7 @@ class ServerCollector:
         yield from _model_families(data.get("models", {}))
         yield from _transport_families(data)
         yield from _scheduler_families(self.registry)
+        yield from _residency_families(self.registry)
 
 
 def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
@@ -88,15 +98,16 @@ def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
         name: Metric(name, text, "unknown")
         for name, text in (
             ("nv_inference_request_success", "Number of successful inference requests (Triton's name)"),
-            ("nv_inference_request_failure", "Number of failed inference requests (Triton's name)"),
-            ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds"),
+            (
+                "nv_inference_request_failure",
+                "Number of failed inference requests, by reason (Triton's name)",
+            ),
+            (
+                "nv_inference_request_duration_us",
+                "Cumulative duration of the successful inference requests, in microseconds",
+            ),
         )
     }
-    pending = GaugeMetricFamily(
-        "nv_inference_pending_request_count",
-        "Inference requests taken and not yet answered (queued or executing)",
-        labels=TRITON_LABELS,
-    )
     for (name, version), c in sorted(models.items()):
         labels = [name, version]
         tlabels = {"model": name, "version": version}
@@ -112,16 +123,16 @@ def _model_families(models: dict[ModelKey, dict[str, Any]]) -> Iterator[Metric]:
         triton["nv_inference_request_success"].add_sample(
             "nv_inference_request_success", tlabels, c["success"]
         )
-        triton["nv_inference_request_failure"].add_sample(
-            "nv_inference_request_failure", tlabels, c["failure"]
-        )
+        failed = c["failed"]
+        for reason in TRITON_REASONS:  # every reason present from the start, as Triton's
+            triton["nv_inference_request_failure"].add_sample(
+                "nv_inference_request_failure", {**tlabels, "reason": reason}, failed.get(reason, 0)
+            )
         triton["nv_inference_request_duration_us"].add_sample(
-            "nv_inference_request_duration_us", tlabels, round(c["duration"]["sum"] * 1e6)
+            "nv_inference_request_duration_us", tlabels, round(c["success_seconds"] * 1e6)
         )
-        pending.add_metric([name, version], c["pending"])
     yield from (success, failure, duration, rejected, streams_open, streams, events, cancelled)
     yield from triton.values()
-    yield pending
 
 
 def _transport_families(data: dict[str, Any]) -> Iterator[Metric]:
@@ -180,6 +191,11 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
     depth = GaugeMetricFamily(
         "model_queue_depth", "Requests (or streams) waiting in the model's queue now", labels=MODEL_LABELS
     )
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Inference requests (or streams) awaiting execution: in the model's queue now",
+        labels=TRITON_LABELS,
+    )
     seq_open = GaugeMetricFamily("model_sequences_open", "Sequences open now", labels=MODEL_LABELS)
     seq_ended = CounterMetricFamily(
         "model_sequences_ended",
@@ -230,6 +246,7 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
         if inner is not None:
             queued += getattr(inner, "queued", 0)
         depth.add_metric(labels, queued)
+        pending.add_metric(labels, queued)
         sequences = described.get("sequence_stats") or (
             own if described.get("scheduler") == "sequence" else None
         )
@@ -243,9 +260,11 @@ def _scheduler_families(registry: Registry) -> Iterator[Metric]:
         if described.get("scheduler") == "continuous":
             running.add_metric(labels, own.get("running_streams", 0))
             waiting.add_metric(labels, own.get("queued_streams", 0))
-    yield from (count, execs, queue_us, compute_us, batch, depth, seq_open, seq_ended, seq_rejected, states)
+    yield from (count, execs, queue_us, compute_us, batch, depth, pending, seq_open, seq_ended, seq_rejected)
+    yield states
     yield from (running, waiting)
     yield from _worker_families(registry)
+    yield from _token_families(registry)
 
 
 def _worker_families(registry: Registry) -> Iterator[Metric]:
@@ -277,6 +296,101 @@ def _worker_families(registry: Registry) -> Iterator[Metric]:
             workers.add_metric([*labels, status], n)
         restarts.add_metric(labels, pool.restarts)
     yield from (workers, restarts, memory)
+
+
+def _residency_families(registry: Registry) -> Iterator[Metric]:
+    """Loads, unloads and memory of the models (``runtime.core.residency``), and the response cache."""
+    loads = CounterMetricFamily(
+        "model_loads", "Loads of the model (at start, on demand, reloads)", labels=MODEL_LABELS
+    )
+    unloads = CounterMetricFamily(
+        "model_unloads",
+        "Unloads of the model, by reason (evicted, removed, replaced, requested)",
+        labels=(*MODEL_LABELS, "reason"),
+    )
+    seconds = HistogramMetricFamily(
+        "model_load_duration_seconds", "Seconds a load took (warm-up included)", labels=MODEL_LABELS
+    )
+    for (name, version), counts in sorted(registry.residency.counts.items()):
+        labels = [name, version]
+        loads.add_metric(labels, counts.loads)
+        for reason, n in sorted(counts.unloads.items()):
+            unloads.add_metric([*labels, reason], n)
+        seconds.add_metric(
+            labels, _buckets(counts.load_seconds.counts, LOAD_BUCKETS), counts.load_seconds.sum
+        )
+    held = registry.models_held()
+    loaded = GaugeMetricFamily("models_loaded", "Model versions loaded now", value=held["loaded"])
+    memory_total = GaugeMetricFamily(
+        "models_memory_bytes", "Resident memory the loaded models took when they loaded", value=held["memory"]
+    )
+    memory = GaugeMetricFamily(
+        "model_memory_bytes", "Resident memory the model took when it loaded", labels=MODEL_LABELS
+    )
+    for entry in registry.resident():
+        memory.add_metric([entry.name, entry.version or ""], entry.memory)
+    yield from (loads, unloads, seconds, loaded, memory_total, memory)
+    cache = registry.cache
+    if cache is None:
+        return
+    hits = CounterMetricFamily(
+        "response_cache_hits", "Requests answered from the response cache", labels=MODEL_LABELS
+    )
+    misses = CounterMetricFamily(
+        "response_cache_misses", "Cacheable requests not found in the response cache", labels=MODEL_LABELS
+    )
+    for (name, version), n in sorted(cache.hits.items()):
+        hits.add_metric([name, version], n)
+    for (name, version), n in sorted(cache.misses.items()):
+        misses.add_metric([name, version], n)
+    yield from (hits, misses)
+
+
+def _token_families(registry: Registry) -> Iterator[Metric]:
+    """vLLM's families, for the language models (those whose model keeps ``token_stats``)."""
+    prompt = CounterMetricFamily("vllm:prompt_tokens", "Prompt tokens prefilled", labels=MODEL_LABELS)
+    generated = CounterMetricFamily("vllm:generation_tokens", "Tokens generated", labels=MODEL_LABELS)
+    success = CounterMetricFamily(
+        "vllm:request_success",
+        "Generation requests ended, by finished_reason (stop, length, abort, error)",
+        labels=(*MODEL_LABELS, "finished_reason"),
+    )
+    ttft = HistogramMetricFamily(
+        "vllm:time_to_first_token_seconds",
+        "Seconds from a request's arrival (waiting included) to its first token",
+        labels=MODEL_LABELS,
+    )
+    itl = HistogramMetricFamily(
+        "vllm:inter_token_latency_seconds", "Seconds between two tokens of a stream", labels=MODEL_LABELS
+    )
+    e2e = HistogramMetricFamily(
+        "vllm:e2e_request_latency_seconds",
+        "Seconds from a request's arrival to its last token",
+        labels=MODEL_LABELS,
+    )
+    running = GaugeMetricFamily("vllm:num_requests_running", "Streams generating now", labels=MODEL_LABELS)
+    waiting = GaugeMetricFamily(
+        "vllm:num_requests_waiting", "Streams waiting for a slot now", labels=MODEL_LABELS
+    )
+    for entry in registry.entries():
+        stats: TokenStats | None = getattr(entry.model, "token_stats", None)
+        if not isinstance(stats, TokenStats):
+            continue
+        labels = [entry.name, entry.version or ""]
+        prompt.add_metric(labels, stats.prompt_tokens)
+        generated.add_metric(labels, stats.generation_tokens)
+        for reason, count in sorted(stats.requests.items()):
+            success.add_metric([*labels, reason], count)
+        for family, histogram, bounds in (
+            (ttft, stats.ttft, TTFT_BUCKETS),
+            (itl, stats.inter_token, ITL_BUCKETS),
+            (e2e, stats.e2e, E2E_BUCKETS),
+        ):
+            family.add_metric(labels, _buckets(histogram.counts, bounds), histogram.sum)
+        scheduler = entry.scheduler
+        running.add_metric(labels, getattr(scheduler, "running", 0))
+        waiting.add_metric(labels, getattr(scheduler, "queued", 0))
+    yield from (prompt, generated, success, ttft, itl, e2e, running, waiting)
 
 
 def new_registry(collector: ServerCollector) -> CollectorRegistry:

@@ -21,6 +21,7 @@ TABLE: tuple[tuple[type[errors.ServerError], int, str], ...] = (
     (errors.Overloaded, 503, "ServiceUnavailableException"),
     (errors.ModelNotReady, 503, "ServiceUnavailableException"),
     (errors.Unavailable, 503, "ServiceUnavailableException"),
+    (errors.Unauthenticated, 400, "InvalidKeyException"),  # TorchServe's answer to a missing key
     (errors.ModelFailed, 500, "InternalServerException"),
     (errors.Cancelled, 499, "RequestCancelledException"),
 )

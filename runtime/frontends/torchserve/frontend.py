@@ -79,7 +79,7 @@ class FrontEnd:
     ) -> list[InferenceRequest]:
         """The InferenceRequests for the instances of one KServe V1 request: one request of one
         row per instance, or one request for a model that takes one row per request."""
-        settings = self.dataplane.registry.get(name, version).settings
+        settings = self.dataplane.registry.serving(name, version).settings
         if explain:
             headers = {**headers, EXPLAIN: "True"}
         if settings.sequence_batching or settings.continuous_batching:

@@ -10,8 +10,10 @@ import pytest
 
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.frontends.grpc.converters import (
+    Undecodable,
     parameters_from_proto,
     request_from_proto,
+    request_reader,
     response_to_proto,
     set_parameters,
 )
@@ -201,3 +203,14 @@ def test_request_fields_carry_over() -> None:
     assert converted.outputs[0].parameters is not None
     assert converted.outputs[0].parameters.model_extra == {"binary_data": False}
     assert request_from_proto(pb.ModelInferRequest(model_name="m")).id is None
+
+
+def test_the_request_reader_gives_the_message_or_what_refuses_it() -> None:
+    read = request_reader(pb.ModelInferRequest)
+    message = read(pb.ModelInferRequest(model_name="m", id="1").SerializeToString())
+    assert (message.model_name, message.id) == ("m", "1")
+    refused = read(b"\xff\xff\xff")
+    assert isinstance(refused, Undecodable)
+    for read_it in (lambda: refused.model_name, refused.decode):
+        with pytest.raises(InvalidInput, match=r"not a valid inference\.ModelInferRequest"):
+            read_it()

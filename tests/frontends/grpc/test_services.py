@@ -36,6 +36,12 @@ def stub(channel: grpc.Channel) -> dataplane_pb2_grpc.GRPCInferenceServiceStub:
     return dataplane_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
+@pytest.fixture(scope="module")
+def keyed(grpc_server: RunningServer) -> tuple[tuple[str, str], ...]:
+    """The metadata the repository's load and unload need (the management key)."""
+    return tuple(grpc_server.authorization().items())
+
+
 # ---------------------------------------------------------------------- health and reflection
 
 
@@ -97,20 +103,24 @@ def test_index_lists_loaded_and_failed_models(stub: InferenceStub) -> None:
     assert "broken" not in index(stub, ready=True)
 
 
-def test_load_unload_and_reload_over_grpc(grpc_models: Path, stub: InferenceStub) -> None:
-    stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="tagged"))
+def test_load_unload_and_reload_over_grpc(
+    grpc_models: Path, stub: InferenceStub, keyed: tuple[tuple[str, str], ...]
+) -> None:
+    stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="tagged"), metadata=keyed)
     assert index(stub)["tagged"] == ("UNAVAILABLE", "not loaded")
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(raw_request("tagged", x=np.zeros(1, np.int8)))
     assert info.value.code() is grpc.StatusCode.NOT_FOUND
-    stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"))
+    stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"), metadata=keyed)
     assert index(stub)["tagged"] == ("READY", "")
     set_tag(grpc_models, "second")
-    stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"))  # re-reads its settings
+    stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"), metadata=keyed)  # re-reads
     assert tag_of(stub) == "second"
 
 
-def test_reload_drops_no_traffic(grpc_server: RunningServer, grpc_models: Path) -> None:
+def test_reload_drops_no_traffic(
+    grpc_server: RunningServer, grpc_models: Path, keyed: tuple[tuple[str, str], ...]
+) -> None:
     """Requests keep flowing while the model is reloaded: the new instance is swapped in once ready."""
     failures: list[BaseException] = []
     tags: set[str] = set()
@@ -134,7 +144,7 @@ def test_reload_drops_no_traffic(grpc_server: RunningServer, grpc_models: Path) 
         try:
             for tag in ("r1", "r2", "r3"):
                 set_tag(grpc_models, tag)
-                stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"))
+                stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="tagged"), metadata=keyed)
         finally:
             stop.set()
             worker.join()
@@ -173,9 +183,16 @@ def test_reload_drops_no_traffic(grpc_server: RunningServer, grpc_models: Path) 
         ),
     ],
 )
-def test_repository_errors(stub: InferenceStub, rpc: str, request_: Message, code: str, message: str) -> None:
+def test_repository_errors(
+    stub: InferenceStub,
+    keyed: tuple[tuple[str, str], ...],
+    rpc: str,
+    request_: Message,
+    code: str,
+    message: str,
+) -> None:
     with pytest.raises(grpc.RpcError) as info:
-        getattr(stub, rpc)(request_)
+        getattr(stub, rpc)(request_, metadata=keyed)
     assert info.value.code().name == code and message in info.value.details()
     assert stub.ServerReady(pb.ServerReadyRequest()).ready
 
@@ -185,14 +202,15 @@ def test_tritonclient_repository_calls(grpc_server: RunningServer) -> None:
     try:
         names = {m.name for m in client.get_model_repository_index().models}
         assert {"mirror", "strict", "tagged", "broken"} <= names
-        client.unload_model("tagged")
+        key = grpc_server.authorization()
+        client.unload_model("tagged", headers=key)
         assert not any(
             m.name == "tagged" and m.state == "READY" for m in client.get_model_repository_index().models
         )
-        client.load_model("tagged")
+        client.load_model("tagged", headers=key)
         assert client.is_model_ready("tagged")
         with pytest.raises(InferenceServerException) as info:
-            client.load_model("nope")
+            client.load_model("nope", headers=key)
         assert info.value.status() == "StatusCode.NOT_FOUND"
     finally:
         client.close()
@@ -210,7 +228,7 @@ def test_mlserver_repository_service_name(channel: grpc.Channel) -> None:
 
 
 def test_rest_repository_routes(grpc_server: RunningServer) -> None:
-    with httpx.Client(base_url=grpc_server.http_url) as http:
+    with httpx.Client(base_url=grpc_server.http_url, headers=grpc_server.authorization()) as http:
         listing = http.post("/v2/repository/index")
         assert listing.status_code == 200
         by_name = {item["name"]: item for item in listing.json()}

@@ -31,6 +31,7 @@ EXPECTED: dict[type[errors.ServerError], grpc.StatusCode] = {
     errors.ShuttingDown: UNAVAILABLE,
     errors.SequenceElsewhere: UNAVAILABLE,
     errors.SequenceStepConflict: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.ModelFailed: grpc.StatusCode.INTERNAL,
     errors.Cancelled: grpc.StatusCode.CANCELLED,
 }

@@ -44,7 +44,18 @@ async def v1(inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
 async def test_models_and_readiness(v1: httpx.AsyncClient) -> None:
     models = (await v1.get("/v1/models")).json()["models"]
     assert {"echo", "pair", "batched", "raising"} <= set(models)
-    assert (await v1.get("/v1/models/echo")).json() == {"name": "echo", "ready": True}
+    # one answer for KServe's clients (name, ready) and OpenAI's (id, object, created, owned_by)
+    echo = (await v1.get("/v1/models/echo")).json()
+    assert echo == {
+        "name": "echo",
+        "ready": True,
+        "id": "echo",
+        "object": "model",
+        "created": echo["created"],
+        "owned_by": "mlserver-like",
+    }
+    listed = (await v1.get("/v1/models")).json()
+    assert listed["object"] == "list" and [card["id"] for card in listed["data"]] == listed["models"]
     missing = await v1.get("/v1/models/nope")
     assert missing.status_code == 404
     assert missing.json() == {"error": "Model with name nope does not exist."}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import struct
 from collections.abc import AsyncIterator
@@ -12,6 +13,9 @@ import numpy as np
 import orjson
 import pytest
 
+from runtime.core.management_key import ManagementKey
+from runtime.errors import Cancelled, PayloadTooLarge
+from runtime.frontends.rest.app import read_request
 from runtime.settings import ModelParameters, ModelSettings, Settings
 from tests.conftest import InProcess
 from tests.models import zoo
@@ -42,11 +46,16 @@ async def api(inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def test_health_and_server_metadata(api: httpx.AsyncClient) -> None:
+async def test_health_and_server_metadata(api: httpx.AsyncClient, inprocess: InProcess) -> None:
     assert (await api.get("/v2/health/live")).status_code == 200
     # strict readiness: the model 'broken' failed to load, so the server is not ready
     assert (await api.get("/v2/health/ready")).status_code == 503
-    await api.post("/v2/repository/models/broken/unload")
+    key = ManagementKey("not-written")  # the key a server would give its DataPlane
+    inprocess.dataplane.repository_key = key
+    unload = await api.post(
+        "/v2/repository/models/broken/unload", headers={"Authorization": f"Bearer {key.key}"}
+    )
+    assert unload.status_code == 200
     assert (await api.get("/v2/health/ready")).status_code == 200
     meta = (await api.get("/v2")).json()
     assert meta["name"] == "mlserver-like"
@@ -226,3 +235,35 @@ async def test_body_over_the_limit_is_413() -> None:
         response = await client.post("/v2/models/echo/infer", json=data)
         assert response.status_code == 413 and "limit" in response.json()["error"]
         assert (await client.get("/v2/health/ready")).status_code == 200
+
+
+def test_read_request_reads_the_headers_once_and_the_body_under_its_limit() -> None:
+    def receiving(*messages: dict[str, Any]) -> Any:
+        queue = list(messages)
+
+        async def receive() -> dict[str, Any]:
+            return queue.pop(0)
+
+        return receive
+
+    headers = [
+        (b"content-length", b"5"),
+        (b"content-length", b"999"),  # the first of each counts, as Starlette's Headers.get finds it
+        (b"inference-header-content-length", b"3"),
+        (b"ts_request_sequence_id", b"s1"),
+        (b"sequence_step", b"2"),
+    ]
+    chunks = receiving(
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cde"},
+    )
+    read = asyncio.run(read_request({"headers": headers}, chunks, 10))
+    assert read == (b"abcde", "3", [("ts_request_sequence_id", "s1"), ("sequence_step", "2")])
+    plain = asyncio.run(read_request({"headers": []}, receiving({"type": "http.request", "body": b"{}"}), 10))
+    assert plain == (b"{}", None, None)
+    with pytest.raises(PayloadTooLarge, match="11 bytes"):  # refused before reading
+        asyncio.run(read_request({"headers": [(b"content-length", b"11")]}, receiving(), 10))
+    with pytest.raises(PayloadTooLarge, match="over the limit"):
+        asyncio.run(read_request({"headers": []}, receiving({"type": "http.request", "body": b"x" * 11}), 10))
+    with pytest.raises(Cancelled):
+        asyncio.run(read_request({"headers": []}, receiving({"type": "http.disconnect"}), 10))

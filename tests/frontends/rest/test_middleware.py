@@ -85,6 +85,9 @@ async def test_a_gzip_request_body_is_read_decompressed(default: InProcess) -> N
         (gzip.compress(b'{"inputs": []}')[:-12], "gzip", 400, "not valid gzip"),
         (b"{}", "br", 400, "Content-Encoding 'br' is not supported"),
     ],
+    # ids of their own: a gzip stream carries the time it was made, and every test process of
+    # pytest-xdist must collect the same test names
+    ids=["not-gzip", "truncated-gzip", "brotli"],
 )
 async def test_a_bad_encoded_body_is_refused_with_a_json_error(
     default: InProcess, body: bytes, encoding: str, status: int, message: str

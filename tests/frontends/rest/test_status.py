@@ -26,6 +26,7 @@ EXPECTED: dict[type[errors.ServerError], int] = {
     errors.ShuttingDown: 503,
     errors.SequenceElsewhere: 503,
     errors.SequenceStepConflict: 409,
+    errors.Unauthenticated: 401,
     errors.ModelFailed: 500,
     errors.Cancelled: 499,
 }
@@ -65,6 +66,8 @@ def test_only_a_try_later_error_carries_retry_after() -> None:
         headers = headers_of(example(cls))
         if EXPECTED[cls] == 503:
             assert headers == {"Retry-After": RETRY_AFTER}
+        elif EXPECTED[cls] == 401:
+            assert headers == {"WWW-Authenticate": "Bearer"}
         else:
             assert headers is None, cls
     assert int(RETRY_AFTER) > 0

@@ -144,7 +144,9 @@ async def test_exact_counts_after_a_known_mix(access_log: bool) -> None:
     assert not any(dict(labels).get("model_name") == "nowhere" for _, labels in samples)
     # Triton's families
     assert triton("echo", "nv_inference_request_success") == 5
-    assert triton("raising", "nv_inference_request_failure") == 2
+    assert value(samples, "nv_inference_request_failure", model="raising", version="", reason="BACKEND") == 2
+    busy_failed = {"model": "busy", "version": "", "reason": "REJECTED"}  # timed out in the queue
+    assert value(samples, "nv_inference_request_failure", **busy_failed) == 1
     assert triton("rows", "nv_inference_count") == 4
     assert triton("rows", "nv_inference_exec_count") == 1  # batching: 4 inferences in 1 execution
     assert triton("echo", "nv_inference_exec_count") == 5
@@ -513,5 +515,8 @@ async def test_requests_refused_before_their_model_are_counted_as_rejected() -> 
     assert value(samples, "model_infer_request_failure_total", **broken) == 3
     assert value(samples, "model_infer_request_rejected_total", **broken, reason="not_ready") == 3
     assert value(samples, "model_infer_request_duration_count", **broken) == 3
-    assert value(samples, "nv_inference_pending_request_count", model="broken", version="") == 0
+    assert all(
+        value(samples, "nv_inference_request_failure", model="broken", version="", reason=reason) == n
+        for reason, n in (("REJECTED", 0), ("CANCELED", 0), ("BACKEND", 0), ("OTHER", 3))
+    )
     assert not any(dict(labels).get("model_name") == "nowhere" for _, labels in samples)

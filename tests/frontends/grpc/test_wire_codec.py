@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from runtime.errors import InvalidInput
-from runtime.frontends.grpc import converters, response_writer
+from runtime.frontends.grpc import converters, wire_codec
 from runtime.frontends.grpc.converters import request_from_proto, response_to_proto
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
-from runtime.frontends.grpc.response_writer import response_bytes
+from runtime.frontends.grpc.wire_codec import response_bytes
 from runtime.types import (
     Datatype,
     InferenceRequest,
@@ -189,6 +189,39 @@ def _same(ours: Any, theirs: Any) -> None:
                 _same(a, b)
         else:
             assert type(mine) is type(value) and mine == value
+
+
+def _contents_cases() -> list[tuple[str, bytes]]:
+    """Serialized InferTensorContents: what protobuf writes for each packed datatype, and bytes
+    it reads but that the hand-written reader leaves to it (unpacked, two fields, a long varint)."""
+    cases: list[tuple[str, bytes]] = []
+    for datatype, field, values in (
+        ("FP32", "fp32_contents", [1.0, -2.5, float("inf")]),
+        ("FP64", "fp64_contents", [float(n) for n in range(200)]),  # a length of two varint bytes
+        ("BOOL", "bool_contents", [True, False, True]),
+    ):
+        contents = pb.InferTensorContents()
+        getattr(contents, field).extend(values)
+        cases.append((datatype, contents.SerializeToString()))
+    cases.append(("FP32", b"\x32" + bytes([len(_SPECIAL.tobytes())]) + _SPECIAL.tobytes()))  # NaN bits
+    cases.append(("FP64", b"\x39" + np.float64(2.5).tobytes()))  # unpacked
+    cases.append(("FP32", b"\x32\x04" + np.float32(1).tobytes() + b"\x32\x04" + np.float32(2).tobytes()))
+    cases.append(("FP32", b"\x32\x84\x00" + np.float32(3).tobytes()))  # a length in a longer varint
+    cases.append(("BOOL", b""))
+    return cases
+
+
+@pytest.mark.parametrize(("datatype", "contents"), _contents_cases())
+def test_packed_contents_read_as_protobuf_reads_them(datatype: str, contents: bytes) -> None:
+    theirs = np.asarray(
+        getattr(pb.InferTensorContents.FromString(contents), converters._CONTENTS[datatype][0]),
+        dtype=wire_codec.PACKED[datatype][1],
+    )
+    ours = wire_codec.packed_array(contents, datatype)
+    if ours is None:  # left to protobuf: the general path reads it
+        assert contents[:1] != bytes([wire_codec.PACKED[datatype][0]]) or len(contents) > 2 + theirs.nbytes
+        return
+    assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes() and ours.flags.writeable
 
 
 @pytest.mark.parametrize("message", _valid(), ids=lambda m: f"{len(m.inputs)}-inputs")
@@ -403,13 +436,13 @@ def test_outputs_the_cache_knows_under_another_datatype_are_written_afresh() -> 
 
 def test_only_short_output_names_are_cached() -> None:
     """An echo model names its outputs after what a client sent: long names are written, never kept."""
-    long_name = "x" * (response_writer._CACHED_NAME + 1)
+    long_name = "x" * (wire_codec._CACHED_NAME + 1)
     response = InferenceResponse(model_name="m", outputs=[_output(long_name, "FP32", np.ones(2, np.float32))])
     assert response_bytes(response, True) == response_to_proto(response, True).SerializeToString()
-    assert long_name not in response_writer._TENSORS
+    assert long_name not in wire_codec._TENSORS
     short = InferenceResponse(model_name="m", outputs=[_output("short", "FP32", np.ones(2, np.float32))])
     assert response_bytes(short, True) == response_to_proto(short, True).SerializeToString()
-    assert "short" in response_writer._TENSORS
+    assert "short" in wire_codec._TENSORS
 
 
 def _unchecked(cls: Any, **fields: Any) -> Any:
@@ -439,3 +472,9 @@ def test_what_protobuf_refuses_is_left_to_it() -> None:
             InferenceResponse, model_name="m", model_version=None, id=ident, parameters=None, outputs=[]
         )
         assert response_bytes(response, True) is None
+
+
+def test_what_protobuf_writes_for_the_packed_datatypes_is_read_by_hand() -> None:
+    written = _contents_cases()[:3]  # protobuf's own serialization of FP32, FP64 and BOOL values
+    assert sorted(datatype for datatype, _ in written) == sorted(wire_codec.PACKED)
+    assert all(wire_codec.packed_array(contents, datatype) is not None for datatype, contents in written)

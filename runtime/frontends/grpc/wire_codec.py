@@ -1,11 +1,17 @@
-"""A ModelInferResponse written straight to its serialized bytes, for the common answers.
+"""ModelInfer's protobuf, read and written by hand where protobuf's own objects cost the most.
 
-gRPC's ModelInfer answers most calls with a response that has no parameters and whose outputs
-all go in raw_output_contents (or all FP32 / FP64 in typed contents). For those,
-:func:`response_bytes` writes the bytes protobuf would (``response_to_proto(...)
-.SerializeToString()`` in ``runtime.frontends.grpc.converters``) without building the message; any other
-case, and any value protobuf would refuse or convert, is left to protobuf (None). The tests check
-the two byte for byte.
+Both directions are checked byte for byte against protobuf's own (``tests/frontends/grpc/test_wire_codec.py``);
+``runtime.frontends.grpc.converters`` calls them and falls back to protobuf's messages for anything else.
+
+- Reading: :func:`packed_array` turns the serialized typed contents of a request's BOOL, FP32 or
+  FP64 input (one packed field) into its array straight from the bytes, as ``np.asarray`` of
+  protobuf's repeated field would make it; anything else is left to protobuf (None).
+- Writing: gRPC's ModelInfer answers most calls with a response that has no parameters and whose
+  outputs all go in raw_output_contents (or all FP32 / FP64 in typed contents). For those,
+  :func:`response_bytes` writes the bytes protobuf would (``response_to_proto(...)
+  .SerializeToString()`` in ``converters``) without building the message; any other case, and any
+  value protobuf would refuse or convert, is left to protobuf (None). :func:`raw_bytes` is an
+  output's raw contents, for both writers.
 """
 
 from __future__ import annotations
@@ -14,11 +20,66 @@ from typing import Any
 
 import numpy as np
 
-from runtime.frontends.grpc.converters import NO_DTYPE, RAW_DTYPES, raw_bytes
+from runtime.tensors import dtype_of, to_raw
 from runtime.types import Datatype, InferenceResponse
 
 _INT64_END = 2**63
 _F32, _F64 = np.dtype("<f4"), np.dtype("<f8")
+
+RAW_DTYPES: dict[str, np.dtype[Any]] = {
+    d.value: dtype_of(d.value) for d in Datatype if d is not Datatype.BYTES
+}
+"""The little-endian dtype of each datatype's raw contents (BYTES has none: its elements are packed)."""
+NO_DTYPE = np.dtype([("no raw dtype", "u1")])
+"""What no output's array is (BYTES has no raw dtype; ``dtype == None`` would hold for float64)."""
+
+
+def raw_bytes(data: Any, datatype: str) -> bytes:
+    """An output's raw contents: a checked output's array (of the datatype's little-endian dtype)
+    copied once, in C order; anything else as ``to_raw`` makes it."""
+    if type(data) is np.ndarray and data.dtype == RAW_DTYPES.get(datatype, NO_DTYPE):
+        return data.tobytes()  # (also right for an empty array, which to_raw cannot cast)
+    raw = to_raw(data, datatype)
+    return raw if isinstance(raw, bytes) else raw.tobytes()
+
+
+# ---------------------------------------------------------------------- reading
+
+PACKED: dict[str, tuple[int, np.dtype[Any]]] = {
+    "BOOL": (0x0A, np.dtype(np.bool_)),
+    "FP32": (0x32, np.dtype("<f4")),
+    "FP64": (0x3A, np.dtype("<f8")),
+}
+"""The datatypes whose typed contents field is written packed, one fixed-size little-endian value
+(or one byte: a bool's varint is 0 or 1) after another: that field's key and the dtype of its values."""
+
+
+def packed_array(contents: bytes, datatype: str) -> np.ndarray | None:
+    """The values of a serialized InferTensorContents of a ``datatype`` in :data:`PACKED` that
+    holds that datatype's one field (packed, as protobuf writes it), as a new array: what
+    ``np.asarray`` of the repeated field gives, bit for bit, without going through it. None when
+    anything else is there (the general path sorts it out)."""
+    key, dtype = PACKED[datatype]
+    if len(contents) < 2 or contents[0] != key:
+        return None
+    length, start = contents[1], 2
+    if length >= 0x80:
+        length, shift = length & 0x7F, 7
+        while True:
+            if start >= len(contents):
+                return None
+            byte = contents[start]
+            start += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+    if start + length != len(contents) or length % dtype.itemsize:
+        return None
+    return np.frombuffer(contents, dtype, offset=start).copy()  # writable, as np.asarray's
+
+
+# ---------------------------------------------------------------------- writing
 
 
 def response_bytes(response: InferenceResponse, raw: bool) -> bytes | None:

@@ -1,0 +1,1 @@
+"""MLflow's scoring routes (``mlflow models serve``): ``POST /invocations``, ``GET /health``, ``GET /version``."""

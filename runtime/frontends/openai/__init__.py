@@ -1,0 +1,1 @@
+"""The OpenAI API (completions, chat completions, embeddings, models) on the main REST port."""
