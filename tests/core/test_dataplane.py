@@ -15,7 +15,14 @@ import pytest
 
 from runtime.core.dataplane import DataPlane
 from runtime.core.registry import Registry
-from runtime.errors import InvalidInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from runtime.errors import (
+    InvalidInput,
+    ModelFailed,
+    ModelNotFound,
+    ModelNotReady,
+    ShuttingDown,
+    Unauthenticated,
+)
 from runtime.settings import ModelSettings, Settings
 from runtime.types import InferenceRequest, MetadataTensor, RequestInput
 from tests.models import zoo
@@ -38,7 +45,7 @@ def _request(name: str = "x", datatype: str = "FP32", id_: str | None = "req-1")
 @pytest.fixture
 async def dataplane(tmp_path: Path) -> AsyncIterator[DataPlane]:
     registry = Registry()
-    plane = DataPlane(Settings(model_repository_root=str(tmp_path)), registry)
+    plane = DataPlane(Settings(model_repository_root=str(tmp_path), repository_token_auth=False), registry)
     plane.started = True
     await registry.load(ModelSettings(name="echo", implementation=zoo.Echo))
     await registry.load(ModelSettings(name="raising", implementation=zoo.Raising))
@@ -141,3 +148,13 @@ async def test_the_repository_index_load_and_unload(dataplane: DataPlane, tmp_pa
         await dataplane.infer(_request(), "summer")
     with pytest.raises(ModelNotFound):
         await dataplane.repository_load("absent")
+
+
+async def test_loading_and_unloading_need_the_key_by_default(dataplane: DataPlane, tmp_path: Path) -> None:
+    guarded = DataPlane(Settings(model_repository_root=str(tmp_path)), dataplane.registry)
+    with pytest.raises(Unauthenticated, match="management key"):
+        await guarded.repository_load("echo")
+    with pytest.raises(Unauthenticated, match="management key"):
+        await guarded.repository_unload("echo", "Bearer wrong")
+    assert dataplane.registry.get("echo").model is not None  # nothing was unloaded
+    assert "echo" in {item.name for item in await guarded.repository_index()}  # the index stays open

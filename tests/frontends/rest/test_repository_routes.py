@@ -1,6 +1,7 @@
 """The REST routes of the model repository extension (``runtime.frontends.rest.repository_routes``),
 through the real app in process: the index (all models, or the ready ones), load and unload by
-name, and the refusals a client gets as ``{"error": ...}`` with the right status."""
+name (behind the management key unless ``repository_token_auth`` is off), and the refusals a
+client gets as ``{"error": ...}`` with the right status."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ async def server(tmp_path: Path) -> AsyncIterator[InProcess]:
     (folder / "model-settings.json").write_text(
         json.dumps({"name": "summer", "implementation": "tests.models.zoo.Summer"})
     )
-    made = InProcess(Settings(model_repository_root=str(tmp_path)))
+    made = InProcess(Settings(model_repository_root=str(tmp_path), repository_token_auth=False))
     await made.load(ModelSettings(name="echo", implementation=zoo.Echo))
     yield made
     await made.registry.unload_all()
@@ -67,3 +68,16 @@ async def test_refusals_are_json_errors(server: InProcess) -> None:
         assert huge.status_code == 413 and "65536 bytes" in huge.json()["error"]
         wrong_method = await client.get("/v2/repository/index")
         assert wrong_method.status_code == 405
+
+
+async def test_load_and_unload_need_the_key_by_default(tmp_path: Path) -> None:
+    guarded = InProcess(Settings(model_repository_root=str(tmp_path)))
+    await guarded.load(ModelSettings(name="echo", implementation=zoo.Echo))
+    try:
+        async with guarded.client() as client:
+            for action in ("load", "unload"):
+                refused = await client.post(f"/v2/repository/models/echo/{action}")
+                assert refused.status_code == 401 and "management key" in refused.json()["error"]
+            assert (await client.post("/v2/repository/index")).status_code == 200
+    finally:
+        await guarded.registry.unload_all()
