@@ -17,7 +17,7 @@ from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, Parameters, RequestInput
 from runtime.workers import HeldState
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server]  # real worker processes
 
 
 def _value(response: InferenceResponse, name: str) -> int:

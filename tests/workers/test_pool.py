@@ -23,7 +23,7 @@ from runtime.workers import HeldState, WorkerStartTimeout
 from runtime.workers.wire import encode
 from tests.sequencing import until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server]  # real worker processes
 
 
 def settings(cls: str, name: str = "m", **extra: Any) -> ModelSettings:

@@ -19,7 +19,7 @@ from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse, Parameters
 from runtime.workers.process import WorkerProcess, how_it_ended
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server]  # real worker processes
 
 
 def _pid(response: InferenceResponse) -> int:
