@@ -19,7 +19,7 @@ import pytest
 # calls that start another process or listen on a port
 _STARTS = re.compile(
     r"\b(start_server|start_servers|launch_server|serving|subprocess\.\w+|Popen|create_subprocess_exec"
-    r"|grpc\.aio\.server|GrpcServer|WorkerPool|redis_server|start_redis|uvicorn\.Server|serve_in_thread"
+    r"|grpc\.aio\.server|GrpcServer|WorkerPool|WorkerProcess|WorkerExecutor|redis_server|start_redis|uvicorn\.Server|serve_in_thread"
     r"|run_server|_server_process)\s*\("
 )
 

@@ -20,6 +20,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from runtime.scheduling.worker_executor import WorkerExecutor
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings, Settings
 
@@ -183,3 +186,28 @@ async def serving(
     finally:
         if server.registry.entries():
             await server.stop()
+
+
+@asynccontextmanager
+async def clients(server: Server) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """The OIP client and the management client (with its bearer key) of a ``serving`` server."""
+    key = server._management_key
+    assert key is not None and server.http_port and server.management_port
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=60) as oip,
+        httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{server.management_port}",
+            headers={"Authorization": f"Bearer {key.key}"},
+            timeout=60,
+        ) as admin,
+    ):
+        yield oip, admin
+
+
+def executor(server: Server, name: str) -> WorkerExecutor:
+    """The worker processes of a model served in them."""
+    found = getattr(server.registry.get(name).scheduler, "workers", None) or getattr(
+        server.registry.get(name).scheduler, "executor", None
+    )
+    assert isinstance(found, WorkerExecutor)
+    return found

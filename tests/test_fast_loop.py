@@ -16,6 +16,8 @@ from tests.conftest import InProcess
         "done = subprocess.run([sys.executable, '-m', 'runtime'])",
         "server = grpc.aio.server()",
         "proc = await asyncio.create_subprocess_exec('redis-server')",
+        "executor = WorkerExecutor(settings, 2)",
+        "worker = WorkerProcess(settings, 1, on_exit)",
     ],
 )
 def test_code_that_starts_a_process_or_a_server_is_seen(source: str) -> None:

@@ -132,3 +132,19 @@ def parse_binary(body: bytes, header_length: int) -> dict[str, tuple[np.ndarray,
         found[out["name"]] = (array.reshape(out["shape"]), out["datatype"])
         offset += size
     return found
+
+
+TORCH_IO = {
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+}
+
+
+def torch_settings_file(folder: Path, parameters: dict[str, Any], **fields: Any) -> ModelSettings:
+    """A TorchModel's model-settings.json written in ``folder`` (input x, output y), read back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {"name": "m", "implementation": "runtime.torch.TorchModel", **TORCH_IO, **fields}
+    document["parameters"] = parameters
+    path = folder / "model-settings.json"
+    path.write_text(json.dumps(document))
+    return ModelSettings.from_file(path)

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from runtime.errors import Cancelled, Overloaded, SequenceError
-from runtime.scheduling.one_in_flight import OneInFlight
-from runtime.sequences.engine import STORED, SequenceEngine
+from runtime.sequences.engine import SequenceEngine
 from runtime.sequences.identity import SequenceControl
 from runtime.sequences.lifecycle import Pending, Sequence
 from runtime.sequences.store import StateStore
@@ -290,27 +289,3 @@ async def test_stop_tells_every_live_sequence_unload_with_the_state_wherever_it_
         c.future.result()
     assert sorted(told.calls) == [("a", "unload", "stored"), ("b", "unload", "held")]
     assert engine.stats()["open_sequences"] == 0 and len(engine.store) == 0
-
-
-async def test_the_batchers_strategy_through_the_engine_one_request_of_a_sequence_at_a_time() -> None:
-    told, wake = Told(), asyncio.Event()
-    strategy = OneInFlight(wake)
-    engine = make(strategy, told, max_sequence_queue_size=3)
-    strategy.engine = engine
-    a1 = engine.admit(request(), control("a", start=True))
-    b1 = engine.admit(request(), control("b", start=True))
-    a2 = engine.admit(request(), control("a"))
-    assert wake.is_set()
-    assert strategy.take(10) == [a1, b1]  # oldest first, one per sequence
-    assert strategy.take(10) == []  # a2 waits for a1
-    for pending, state in ((a1, 1), (b1, 2)):
-        await engine.store.save([(pending.control.key, state)])
-        pending.sequence.live = True
-        pending.sequence.running = None
-        pending.running = False
-        await engine.finished(pending.sequence, ended=False, state=STORED)
-    assert strategy.take(10) == [a2]
-    assert strategy.busy(a2.sequence) and not strategy.busy(b1.sequence)
-    assert strategy.detach(b1.sequence) == (False, None)  # its state stays in the store
-    await engine.stop()
-    assert sorted(told.calls) == [("a", "unload", 1), ("b", "unload", 2)]

@@ -1,8 +1,8 @@
-"""The PyTorch runtime's parts: its settings, numpy <-> torch conversions, output naming, load errors."""
+"""The PyTorch runtime's loading (``runtime.torch.loading``): load errors that name the problem, and
+numpy <-> torch conversions as loaded models use them."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,68 +13,11 @@ import torch
 from torch import nn
 
 from runtime.core.registry import Registry
-from runtime.errors import InvalidInput, ModelFailed
-from runtime.settings import ModelSettings
 from runtime.tensors import dtype_of
-from runtime.torch import TensorSpec, TorchRunner, TorchSettings
 from runtime.torch.convert import DTYPES, to_array, to_tensor
-from runtime.torch.torch_settings import read_config
+from tests.torch_helpers import torch_settings_file
 
 CPU = torch.device("cpu")
-IO = {
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
-    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
-}
-
-
-def _settings(folder: Path, parameters: dict[str, Any], **fields: Any) -> ModelSettings:
-    folder.mkdir(parents=True, exist_ok=True)
-    document = {"name": "m", "implementation": "runtime.torch.TorchModel", **IO, **fields}
-    document["parameters"] = parameters
-    path = folder / "model-settings.json"
-    path.write_text(json.dumps(document))
-    return ModelSettings.from_file(path)
-
-
-# ---------------------------------------------------------------------- settings
-
-
-@pytest.mark.parametrize(
-    ("parameters", "expected"),
-    [
-        ({}, "needs parameters.uri"),
-        ({"uri": "m.pt", "extra": {"devcie": "cpu"}}, "devcie: Extra inputs are not permitted"),
-        ({"uri": "m.pt", "extra": {"device": "tpu"}}, "device: Value error, must be 'auto', 'cpu', 'cuda'"),
-        ({"uri": "m.pt", "extra": {"dtype": "int8"}}, "dtype: Input should be 'float32'"),
-        ({"uri": "m.pt", "extra": {"workers": 0}}, "workers: Input should be greater than or equal to 1"),
-        ({"uri": "m.pt", "format": "onnx"}, "parameters.format must be one of"),
-        ({"uri": "m.pt", "format": "state_dict"}, "needs parameters.extra.module_class"),
-        (
-            {"uri": "m.pt", "format": "torchscript", "extra": {"module_class": "a.B"}},
-            "module_class is for a state_dict",
-        ),
-    ],
-)
-def test_bad_settings_are_refused_with_a_reason(
-    tmp_path: Path, parameters: dict[str, Any], expected: str
-) -> None:
-    with pytest.raises(ValueError) as caught:
-        read_config(_settings(tmp_path, parameters))
-    assert expected in str(caught.value)
-
-
-def test_format_follows_the_file_when_not_given(tmp_path: Path) -> None:
-    assert read_config(_settings(tmp_path / "a", {"uri": "m.pt2"})).format == "export"
-    assert read_config(_settings(tmp_path / "b", {"uri": "m.pt"})).format == "torchscript"
-    config = read_config(_settings(tmp_path / "c", {"uri": "m.pth", "extra": {"module_class": "n.Net"}}))
-    assert config.format == "state_dict"
-    assert config.path == tmp_path / "c" / "m.pth"
-    assert config.options == TorchSettings(module_class="n.Net")
-
-
-def test_settings_are_documented() -> None:
-    for name, field in TorchSettings.model_fields.items():
-        assert field.description, name
 
 
 # ---------------------------------------------------------------------- load errors through the registry
@@ -147,7 +90,9 @@ async def test_load_errors_name_the_problem(tmp_path: Path, case: str, expected:
             {"name": "b", "datatype": "FP32", "shape": [-1]},
         ]
     registry = Registry()
-    entry = await registry.load(_settings(tmp_path, {"uri": uri, "format": None, "extra": extra}, **fields))
+    entry = await registry.load(
+        torch_settings_file(tmp_path, {"uri": uri, "format": None, "extra": extra}, **fields)
+    )
     assert not entry.ready
     assert expected in entry.reason
     await registry.unload_all()
@@ -159,7 +104,7 @@ async def test_cuda_where_there_is_none_fails_the_load(tmp_path: Path) -> None:
     _module_file(tmp_path)
     torch.save(Doubler().state_dict(), tmp_path / "m.pth")
     extra = {"module_class": "nets.Doubler", "device": "cuda"}
-    entry = await Registry().load(_settings(tmp_path, {"uri": "m.pth", "extra": extra}))
+    entry = await Registry().load(torch_settings_file(tmp_path, {"uri": "m.pth", "extra": extra}))
     assert "device 'cuda' was asked for but torch sees no CUDA device" in entry.reason
 
 
@@ -209,73 +154,3 @@ def test_outputs_convert_to_their_declared_float_datatype_only() -> None:
     assert datatype == "FP32" and array.dtype == np.float32 and array[0] == 1.5
     with pytest.raises(TypeError, match=r"is torch\.int64 but is declared INT32"):
         to_array(torch.tensor([1]), "INT32")
-
-
-# ---------------------------------------------------------------------- the runner
-
-
-class Several(nn.Module):
-    def __init__(self, kind: str) -> None:
-        super().__init__()
-        self.kind = kind
-        self.weight = nn.Parameter(torch.ones(2, 3))
-
-    def forward(self, x: torch.Tensor) -> Any:
-        if self.kind == "nested":
-            return x + 1, (x + 2, x + 3)
-        if self.kind == "dict":
-            return {"b": x + 2, "a": x + 1}
-        if self.kind == "int":
-            return x.argmax(dim=-1)
-        if self.kind == "parameter":
-            return self.weight
-        return "not a tensor"
-
-
-def _run(kind: str, outputs: list[TensorSpec]) -> dict[str, tuple[np.ndarray, str]]:
-    runner = TorchRunner("m", Several(kind), CPU, [TensorSpec("x", "FP32")], outputs)
-    try:
-        return runner.run({"x": np.zeros((2, 3), dtype=np.float32)})
-    finally:
-        runner.close()
-
-
-def test_nested_tuples_are_flattened_in_order() -> None:
-    out = _run("nested", [TensorSpec("y", "FP32"), TensorSpec("h", "FP32"), TensorSpec("c", "FP32")])
-    assert [(name, float(array[0, 0])) for name, (array, _) in out.items()] == [("y", 1), ("h", 2), ("c", 3)]
-
-
-def test_a_parameter_can_be_returned() -> None:
-    array, datatype = _run("parameter", [TensorSpec("w", "FP32")])["w"]
-    assert datatype == "FP32" and np.array_equal(array, np.ones((2, 3), dtype=np.float32))
-
-
-def test_undeclared_outputs_are_named_like_triton() -> None:
-    assert list(_run("nested", [])) == ["output__0", "output__1", "output__2"]
-    assert list(_run("dict", [])) == ["b", "a"]
-
-
-def test_dict_outputs_are_picked_by_declared_name() -> None:
-    out = _run("dict", [TensorSpec("a", "FP32")])
-    assert list(out) == ["a"] and float(out["a"][0][0, 0]) == 1
-    with pytest.raises(ModelFailed, match=r"lack the declared output\(s\) \['c'\]"):
-        _run("dict", [TensorSpec("c", "FP32")])
-
-
-def test_output_count_and_type_mismatches_are_model_failures() -> None:
-    with pytest.raises(ModelFailed, match=r"returned 3 tensor\(s\) but its settings declare 1 output"):
-        _run("nested", [TensorSpec("y", "FP32")])
-    with pytest.raises(ModelFailed, match="returned a str"):
-        _run("other", [])
-    with pytest.raises(ModelFailed, match=r"returned output 'i' that is torch\.int64 but is declared INT32"):
-        _run("int", [TensorSpec("i", "INT32")])
-    assert _run("int", [TensorSpec("i", "INT64")])["i"][1] == "INT64"
-
-
-def test_missing_input_is_invalid_input() -> None:
-    runner = TorchRunner("m", Several("int"), CPU, [TensorSpec("x", "FP32")], [])
-    try:
-        with pytest.raises(InvalidInput, match="needs input 'x'"):
-            runner.run({})
-    finally:
-        runner.close()

@@ -7,19 +7,14 @@ import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.scheduling.worker_executor import WorkerExecutor
-from runtime.server.serving import Server
 from runtime.settings import ModelSettings
 from tests.sequencing import until
-from tests.servers import serving, start_server
+from tests.servers import clients, executor, serving, start_server
 
 pytestmark = pytest.mark.anyio
 
@@ -35,23 +30,6 @@ def body(x: int = 1, **params: Any) -> dict[str, Any]:
     return document
 
 
-def sequence_ticker(**settings: Any) -> ModelSettings:
-    """A continuous-batching sequence model (each request one step) in worker processes."""
-    return ModelSettings(
-        name="seqs",
-        implementation="tests.continuous_models.SequenceTicker",
-        continuous_batching=True,
-        sequence_batching=True,
-        max_batch_size=8,
-        **settings,
-    )
-
-
-def ticker_step(key: str, **control: Any) -> dict[str, Any]:
-    """One step of sequence ``key`` of ``sequence_ticker``."""
-    return {"inputs": [], "parameters": {"length": 1, "sequence_id": key, **control}}
-
-
 def pid(answer: httpx.Response) -> int:
     assert answer.status_code == 200, answer.text
     return int(next(o for o in answer.json()["outputs"] if o["name"] == "pid")["data"][0])
@@ -60,29 +38,6 @@ def pid(answer: httpx.Response) -> int:
 def total(answer: httpx.Response) -> int:
     assert answer.status_code == 200, answer.text
     return int(next(o for o in answer.json()["outputs"] if o["name"] == "sum")["data"][0])
-
-
-@asynccontextmanager
-async def clients(server: Server) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    key = server._management_key
-    assert key is not None and server.http_port and server.management_port
-    async with (
-        httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=60) as oip,
-        httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{server.management_port}",
-            headers={"Authorization": f"Bearer {key.key}"},
-            timeout=60,
-        ) as admin,
-    ):
-        yield oip, admin
-
-
-def executor(server: Server, name: str) -> WorkerExecutor:
-    found = getattr(server.registry.get(name).scheduler, "workers", None) or getattr(
-        server.registry.get(name).scheduler, "executor", None
-    )
-    assert isinstance(found, WorkerExecutor)
-    return found
 
 
 async def test_two_workers_answer_from_their_own_pids() -> None:
@@ -255,70 +210,6 @@ async def test_a_streaming_model_streams_through_a_worker() -> None:
             assert pids == {executor(server, "count").describe()[0]["pid"]}
 
 
-async def test_a_continuous_batching_model_runs_in_workers() -> None:
-    settings = ModelSettings(
-        name="ticker",
-        implementation="tests.continuous_models.Ticker",
-        continuous_batching=True,
-        max_batch_size=4,
-        workers=2,
-    )
-    async with serving(settings) as server:
-        async with clients(server) as (oip, admin):
-            answers = await asyncio.gather(
-                *(
-                    oip.post("/v2/models/ticker/infer", json={"inputs": [], "parameters": {"length": 3}})
-                    for _ in range(4)
-                )
-            )
-            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-            async with oip.stream(
-                "POST", "/v2/models/ticker/infer_stream", json={"inputs": [], "parameters": {"length": 5}}
-            ) as answer:
-                events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
-            assert len(events) == 5
-            assert len((await admin.get("/models/ticker")).json()[0]["workers"]) == 2
-            # the batcher runs inside each worker: a scrape reads its executions there, so that
-            # Triton's inference and execution counts of the model are exact across its workers
-            scraped = await oip.get(f"http://127.0.0.1:{server.metrics_port}/metrics")
-    samples = {
-        (s.name, s.labels.get("model")): s.value
-        for family in text_string_to_metric_families(scraped.text)
-        for s in family.samples
-    }
-    assert samples[("nv_inference_count", "ticker")] == 4 * 3 + 5  # every stream, every step
-    assert 3 <= samples[("nv_inference_exec_count", "ticker")] <= 4 * 3 + 5  # steps of up to 4 streams
-
-
-async def test_sequences_that_end_inside_their_worker_leave_the_servers_table() -> None:
-    """Under continuous batching the workers' own batchers end sequences (here by idle timeout);
-    each worker tells the server, whose table of which worker holds which sequence empties."""
-    settings = sequence_ticker(max_sequence_idle_ms=300, workers=2)
-    step = ticker_step
-    async with serving(settings) as server:
-        pool = executor(server, "seqs").pool
-        async with clients(server) as (oip, _):
-            keys = [f"s{i}" for i in range(8)]
-            answers = await asyncio.gather(
-                *(oip.post("/v2/models/seqs/infer", json=step(k, sequence_start=True)) for k in keys)
-            )
-            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-            assert set(pool.owners) <= set(keys) and len({w.id for w in pool.owners.values()}) == 2
-            ended = await oip.post("/v2/models/seqs/infer", json=step("s7", sequence_end=True))
-            assert ended.status_code == 200, ended.text
-            await until(lambda: not pool.owners, 30)  # the others end by idle timeout in the workers
-            assert all(not w.sequences for w in pool.workers)
-            # a later request of one hears why it ended, from the worker that held it
-            late = await oip.post("/v2/models/seqs/infer", json=step("s0"))
-            assert late.status_code == 400 and "idle" in late.json()["error"], late.text
-            assert not pool.owners
-            # the id can start a new sequence, which the table holds again until it ends
-            again = await oip.post("/v2/models/seqs/infer", json=step("s0", sequence_start=True))
-            assert again.status_code == 200, again.text
-            assert set(pool.owners) == {"s0"}
-            await until(lambda: not pool.owners, 30)
-
-
 def test_sigterm_drains_the_workers(tmp_path: Any) -> None:
     folder = tmp_path / "slow"
     folder.mkdir()
@@ -402,25 +293,3 @@ def test_workers_die_with_a_killed_server(tmp_path: Any) -> None:
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_gone(p) for p in pids)
-
-
-async def test_a_start_its_worker_refuses_leaves_no_sequence_behind() -> None:
-    """A START beyond ``max_sequences`` is refused by the worker's own batcher (503): the server
-    must not go on believing that the worker holds that sequence."""
-    settings = sequence_ticker(max_sequences=1, workers=1)
-    step = ticker_step
-    async with serving(settings) as server:
-        pool = executor(server, "seqs").pool
-        async with clients(server) as (oip, _):
-            first = await oip.post("/v2/models/seqs/infer", json=step("a", sequence_start=True))
-            assert first.status_code == 200, first.text
-            refused = await oip.post("/v2/models/seqs/infer", json=step("b", sequence_start=True))
-            assert refused.status_code == 503 and "error" in refused.json(), refused.text
-            assert set(pool.owners) == {"a"}
-            stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
-            assert stats["open_sequences"] == 1
-            ended = await oip.post("/v2/models/seqs/infer", json=step("a", sequence_end=True))
-            assert ended.status_code == 200, ended.text
-            await until(lambda: not pool.owners, 30)
-            stats = (await oip.get("/v2/models/seqs")).json()["parameters"]["sequence_stats"]
-            assert stats["open_sequences"] == 0 and stats["ended"]["end"] == 1

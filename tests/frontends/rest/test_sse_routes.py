@@ -1,4 +1,5 @@
-"""REST streaming in process: infer_stream, generate, generate_stream (events, errors, bodies)."""
+"""The REST streaming and generate routes (``runtime.frontends.rest.sse_routes``) in process:
+infer_stream, generate, generate_stream (events, errors, bodies)."""
 
 from __future__ import annotations
 
