@@ -80,15 +80,6 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mlserver-like"}
-
-
-def models_list(names: list[str]) -> dict[str, Any]:
-    """The answer to ``GET /v1/models`` for KServe's clients (``models``) and OpenAI's (``data``) alike."""
-    return {"object": "list", "data": [model_card(n) for n in names], "models": names}
-
-
 def error_body(exc: ServerError, status: int) -> dict[str, Any]:
     """OpenAI's error document for ``exc``, answered with ``status``."""
     kind = {

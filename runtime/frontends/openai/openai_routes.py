@@ -38,13 +38,12 @@ from runtime.frontends.openai.openai_bodies import (
     embeddings_answer,
     embeddings_request,
     error_body,
-    model_card,
     model_of,
-    models_list,
     read_json,
 )
 from runtime.frontends.rest.app import read_body
 from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.model_cards import model_card, models_list
 from runtime.frontends.rest.sse import message_event, sse_response
 from runtime.frontends.rest.status import headers_of, status_of
 from runtime.streams.pipeline import one
