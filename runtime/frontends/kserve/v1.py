@@ -29,7 +29,6 @@ The body is parsed as JSON whatever its Content-Type (KServe needs ``application
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
@@ -43,6 +42,7 @@ from runtime.core.dataplane import DataPlane
 from runtime.errors import InvalidInput, ModelNotFound, ServerError
 from runtime.frontends.rest.app import read_body
 from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.model_cards import model_card, models_list
 from runtime.frontends.rest.status import headers_of, status_of
 from runtime.frontends.torchserve.frontend import FrontEnd, is_handler
 from runtime.tensors import output_array
@@ -51,16 +51,6 @@ from runtime.types import Datatype, InferenceRequest, InferenceResponse, Metadat
 
 _BATCHES = uuid.uuid4()
 """Batch ids are uuids derived from this process's token, the model and the scheduler's batch number."""
-
-
-def model_card(name: str) -> dict[str, Any]:
-    """OpenAI's keys for a model (the OpenAI front end answers the same under ``/openai/v1``)."""
-    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mlserver-like"}
-
-
-def models_list(names: list[str]) -> dict[str, Any]:
-    """``GET /v1/models`` for KServe's clients (``models``) and OpenAI's (``data``) alike."""
-    return {"object": "list", "data": [model_card(n) for n in names], "models": names}
 
 
 def _json(document: Any, status: int = 200) -> Response:

@@ -3,7 +3,7 @@
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings``, and under
 ``/openai/v1`` those and ``GET /openai/v1/models[/{model}]`` (``GET /v1/models`` is KServe V1's
 route, whose one answer serves both protocols' clients: ``runtime.frontends.kserve.v1``). Each request is
-translated (:mod:`.openai_bodies`) onto the DataPlane: a choice that does not stream is
+translated (:mod:`.openai_requests`, :mod:`.openai_answers`) onto the DataPlane: a choice that does not stream is
 ``DataPlane.infer``, one that streams is ``DataPlane.infer_stream``, the same calls as OIP's
 ``generate`` and ``generate_stream``, through the same scheduler and stream pipeline.
 
@@ -29,22 +29,19 @@ from starlette.routing import BaseRoute, Route
 
 from runtime.core.dataplane import DataPlane
 from runtime.errors import ServerError
-from runtime.frontends.openai.openai_bodies import (
-    Chunks,
+from runtime.frontends.openai.openai_answers import Chunks, answer, embeddings_answer
+from runtime.frontends.openai.openai_errors import error_body
+from runtime.frontends.openai.openai_requests import (
     Plan,
-    answer,
     chat_plan,
     completion_plan,
-    embeddings_answer,
     embeddings_request,
-    error_body,
-    model_card,
     model_of,
-    models_list,
     read_json,
 )
 from runtime.frontends.rest.app import read_body
 from runtime.frontends.rest.disconnect import cancel_on_disconnect
+from runtime.frontends.rest.model_cards import model_card, models_list
 from runtime.frontends.rest.sse import message_event, sse_response
 from runtime.frontends.rest.status import headers_of, status_of
 from runtime.streams.pipeline import one
