@@ -9,7 +9,8 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
 - **Joining.** A new stream waits in a bounded FIFO queue (``max_queue_size``: beyond it, 503 at
   once; ``queue_timeout`` or the request's OIP ``timeout`` parameter: 503 when it passes) and
   joins at the next step that has a free slot: when there is room, a stream that arrives during a
-  step takes part in the very next one, and it never waits for a batch to fill.
+  step takes part in the very next one, and it never waits for a batch to fill. Admission, the
+  waiting queue and leaving it are :mod:`.continuous_admission`'s; this module runs the steps.
 - **Leaving.** A stream leaves the set after the step that finished it, failed it, or after its
   client went away: a stream whose caller closes or cancels its iteration (a client disconnect,
   a cancelled gRPC call) is dropped before the next step, and its slot is free for that step;
@@ -38,7 +39,6 @@ On when a model's settings have ``continuous_batching: true``; the model subclas
 from __future__ import annotations
 
 import asyncio
-import heapq
 import inspect
 import itertools
 import logging
@@ -48,14 +48,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.continuous import ContinuousModel, StepResult, Stream, StreamEnd
-from runtime.errors import ModelFailed, ModelNotReady, ShuttingDown, model_failed
-from runtime.ids import assign_id
+from runtime.errors import ModelFailed, ShuttingDown, model_failed
 from runtime.model import MLModel
 from runtime.scheduling.callers import CHUNK, END, ERROR, Call, Entry, serve_stream, stamp
+from runtime.scheduling.continuous_admission import ContinuousAdmission
 from runtime.scheduling.continuous_sequences import RunningSet
-from runtime.scheduling.queueing import WaitQueue, queue_timeout
+from runtime.scheduling.queueing import WaitQueue
 from runtime.scheduling.scheduler import Scheduler
-from runtime.sequences.identity import parse_control
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.streams.window import BUFFERED
@@ -65,7 +64,7 @@ from runtime.types import InferenceRequest, InferenceResponse
 logger = logging.getLogger(__name__)
 
 
-class ContinuousScheduler(Scheduler):
+class ContinuousScheduler(ContinuousAdmission, Scheduler):
     """Streams advanced together, step by step; see the module's docstring."""
 
     def __init__(self, model: MLModel, settings: ModelSettings) -> None:
@@ -184,81 +183,6 @@ class ContinuousScheduler(Scheduler):
     ) -> AsyncIterator[InferenceResponse | StreamError]:
         return serve_stream(self, requests)
 
-    def admit(self, request: InferenceRequest, call: Call, collect: bool = False) -> Entry:
-        """Queue a new stream (or raise at once: shutting down, bad timeout, queue full)."""
-        if self._closing:
-            raise ShuttingDown(f"Model {self.name!r} is unloading")
-        if self._stepper is None:
-            raise ModelNotReady(f"Model {self.name!r} is not started")
-        timeout = queue_timeout(request, self.settings.queue_timeout)
-        control = parse_control(request.parameters) if self.sequences is not None else None
-        entry = Entry(
-            request=request,
-            key=control.key if control is not None else None,  # a sequence's requests join in order
-            future=asyncio.get_running_loop().create_future(),
-            stream=Stream(request, assign_id(request)),
-            call=call,
-            collect=collect,
-            order=next(self._orders),
-        )
-        self._queue.put(entry, timeout)
-        if control is not None:
-            assert self.sequences is not None
-            try:
-                self.sequences.admit(entry, control)
-            except BaseException:
-                self._queue.discard(entry)
-                raise
-            assert entry.pending is not None
-            entry.pending.future.add_done_callback(self._refused_by_sequence(entry))
-        entry.future.add_done_callback(self._timed_out(entry))
-        self.wake()
-        return entry
-
-    def _timed_out(self, entry: Entry) -> Any:
-        def done(future: asyncio.Future[None]) -> None:
-            if not future.cancelled() and future.exception() is not None:  # it timed out in the queue
-                self._cancel_sequence(entry)
-                self._fail(entry, future.exception())  # type: ignore[arg-type]
-
-        return done
-
-    def _refused_by_sequence(self, entry: Entry) -> Any:
-        def done(future: asyncio.Future[InferenceResponse]) -> None:
-            # the sequence ended (or was cancelled) while this request waited to join
-            if not future.cancelled() and future.exception() is not None and not entry.future.done():
-                self._queue.discard(entry)
-                entry.future.cancel()
-                self._fail(entry, future.exception())  # type: ignore[arg-type]
-
-        return done
-
-    def leave(self, entry: Entry) -> None:
-        """The caller no longer wants this stream."""
-        if entry.ended:
-            return
-        self._cancel_sequence(entry)
-        if not entry.future.done():  # still waiting: it never runs
-            entry.ended = True
-            self._queue.discard(entry)
-            entry.future.cancel()
-            return
-        entry.gone = True
-        self.wake()
-
-    def _cancel_sequence(self, entry: Entry) -> None:
-        """A request of a sequence was given up on: the sequence is cancelled, and with it its other
-        running streams, which end with ``Cancelled`` and leave before the next step."""
-        if self.sequences is None or entry.pending is None:
-            return
-        for other in self.sequences.cancel(entry):
-            if not other.ended and not other.gone:
-                other.call.push(
-                    (ERROR, other, StreamError(self.sequences.cancelled_error(other), other.stream.id))
-                )
-                other.gone = True
-        self.wake()
-
     # ------------------------------------------------------------------ the stepper
 
     async def _run(self) -> None:
@@ -325,25 +249,6 @@ class ContinuousScheduler(Scheduler):
                 await self._left(entry, "failed")
                 continue
             entry.started = True
-
-    def _joiners(self, free: int) -> list[Entry]:
-        """Up to ``free`` waiting streams that may join now, oldest first."""
-        if self.sequences is None:
-            return self._queue.take(None, free)  # type: ignore[return-value]
-        heads = [(head.order, key) for key, head, _ in self._queue.heads()]  # type: ignore[attr-defined]
-        heapq.heapify(heads)
-        chosen: list[Entry] = []
-        while heads and len(chosen) < free:
-            _, key = heapq.heappop(heads)
-            head = self._queue.head(key)
-            assert isinstance(head, Entry)
-            if head.pending is not None and not self.sequences.may_join(head):
-                continue  # a START waits for the streams of the sequence it replaces to leave
-            chosen += self._queue.take(key, 1)  # type: ignore[arg-type]
-            following = self._queue.head(key)
-            if following is not None:
-                heapq.heappush(heads, (following.order, key))  # type: ignore[attr-defined]
-        return chosen
 
     async def _call_step(self, streams: list[Stream]) -> Sequence[StepResult]:
         if self._async_step:

@@ -2,9 +2,10 @@
 
 It holds the table of open sequences (``lifecycle.Sequences``: admission, the queue per sequence
 and its bound, the memory of recent endings), the state store (only through ``StateStore``), the
-idle and lifetime timers, and every ending: it tells the model (``sequence_ended``, always with the
-reason) and settles what waits. What differs between schedulers is *when* a request runs; that is a
-``SequenceStrategy`` plugged into the engine:
+idle and lifetime timers (mixed in from ``timers.SequenceTimers``), and every ending: it tells the
+model (``sequence_ended``, always with the reason) and settles what waits. What differs between
+schedulers is *when* a request runs; that is a ``SequenceStrategy`` (``lifecycle``) plugged into
+the engine:
 
 - sequence batching (``runtime.scheduling.one_in_flight``): at most one request of a sequence in
   flight, one per batch; the state stays in the store while a step runs;
@@ -17,7 +18,7 @@ that the scheduler's worker delivers (``deliver_notices``) before it runs anythi
 model hears of an ending before it sees a fresh sequence with the same id. Everything that awaits
 (the store, the model's hook) runs in that one worker, so neither needs locks.
 
-Exactly-once steps: a client may number a sequence's steps (``sequence_step``: 1, 2, 3, ...). Before
+Exactly-once steps (mixed in from ``step_numbers.StepNumbers``): a client may number a sequence's steps (``sequence_step``: 1, 2, 3, ...). Before
 a step runs (``prepare``), a retry of the last applied step gets that step's stored answer and
 applies nothing, and a step that is not the next one is refused (409, ``SequenceStepConflict``, with
 the expected number); after it (``commit``) the step count and the numbered step's answer are kept
@@ -41,13 +42,14 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from runtime.errors import SequenceStepConflict
-from runtime.sequences.identity import STEP, SequenceControl
-from runtime.sequences.lifecycle import Pending, Sequence, Sequences
+from runtime.sequences.identity import SequenceControl
+from runtime.sequences.lifecycle import Pending, Sequence, Sequences, SequenceStrategy
 from runtime.sequences.sequence_model import EndReason, SequenceStep
+from runtime.sequences.step_numbers import StepNumbers
 from runtime.sequences.store import LRUStateStore, SharedStateStore, StateStore
+from runtime.sequences.timers import SequenceTimers
 from runtime.settings import ModelSettings
 from runtime.types import InferenceRequest, InferenceResponse
 
@@ -61,23 +63,7 @@ STORED: Final[Any] = object()
 """As a state argument: "the one in the store" (taken out of it)."""
 
 
-class SequenceStrategy(Protocol):
-    """When a scheduler runs a sequence's requests: what the engine asks of it."""
-
-    def busy(self, seq: Sequence) -> bool:
-        """Whether a request of ``seq`` runs now (its state may be held outside the store)."""
-
-    def ready(self, seq: Sequence) -> None:
-        """``seq`` runs nothing and has a waiting request: let the worker consider it."""
-
-    def wake(self) -> None:
-        """A notice waits: wake the worker so that it delivers it."""
-
-    def detach(self, seq: Sequence) -> tuple[bool, Any]:
-        """At unload: forget what runs of ``seq``; (True, state) when its state is held outside the store."""
-
-
-class SequenceEngine:
+class SequenceEngine(SequenceTimers, StepNumbers):
     """The lifecycle of a model's sequences; see the module docstring."""
 
     def __init__(
@@ -247,61 +233,6 @@ class SequenceEngine:
         loaded = iter(await self.store.load(keys))
         return [(p, None if p.control.start else next(loaded)) for p in runs]
 
-    def _unrun(self, pending: Pending, outcome: InferenceResponse | Exception) -> None:
-        """Answer a request that was taken to run but does not run, and free its sequence."""
-        pending.sequence.running = None
-        pending.running = False
-        if pending.future.done():
-            return
-        if isinstance(outcome, Exception):
-            pending.future.set_exception(outcome)
-        else:
-            pending.future.set_result(outcome)
-
-    def _replay(self, pending: Pending, answer: InferenceResponse) -> None:
-        """Answer a retried step with the answer it got (a copy) and apply nothing."""
-        self.replayed += 1
-        self._unrun(pending, answer.model_copy())
-
-    def _answered_from_steps(self, pending: Pending, done: int, answer: Any) -> bool:
-        """Whether ``pending``'s ``sequence_step`` answers it without running (after ``done`` steps
-        applied, the last one's ``answer`` kept or None): a retry of that step, or out of order."""
-        step = pending.control.step
-        if step is None:
-            return False
-        seq = pending.sequence
-        if step == done and answer is not None and (seq.live or self.shared is not None):
-            self._replay(pending, answer)
-        elif pending.control.start or step == done + 1:
-            return False
-        else:
-            self._unrun(
-                pending,
-                SequenceStepConflict(
-                    f"Sequence {pending.control.echo!r} expects {STEP}={done + 1}, got {step}"
-                    + (" (a retry of a step older than the last applied one)" if step <= done else ""),
-                    done + 1,
-                ),
-            )
-        self._go_on(seq)
-        return True
-
-    def _go_on(self, seq: Sequence) -> None:
-        """After a request of ``seq`` was answered without running: its next request may run; a
-        sequence this replica never ran (another replica served it) is not kept open here."""
-        if self.shared is not None and not seq.live and not seq.queue:
-            self.table.forget(seq)
-        else:
-            self.released(seq)
-
-    def _count_steps(self, batch: list[Pending], results: list[Any], good: list[int]) -> None:
-        for i in good:
-            pending = batch[i]
-            seq = pending.sequence
-            seq.step = 1 if pending.control.start else seq.step + 1
-            # a copy: the caller's is named after its request later (its id), the kept one is not
-            seq.answer = results[i].model_copy() if pending.control.step is not None else None
-
     async def commit(
         self, batch: list[Pending], steps: list[SequenceStep], results: list[Any], ends: list[bool]
     ) -> list[tuple[str, Any]]:
@@ -422,50 +353,6 @@ class SequenceEngine:
         if self.shared is None:
             await self.store.clear()
         await self.store.close()
-
-    # ------------------------------------------------------------------ endings decided outside the worker
-
-    def end_soon(self, seq: Sequence, reason: EndReason, *, everything: bool = False) -> None:
-        """End a sequence that runs nothing, without awaiting: the worker tells the model later."""
-        seq.stop_idle()
-        if seq.live:
-            seq.live = False
-            self._notices.append((seq.key, reason))
-            self.strategy.wake()
-        self.table.settle(seq, reason, everything=everything)
-        if seq.queue:
-            self.strategy.ready(seq)
-
-    def _start_idle(self, seq: Sequence) -> None:
-        loop = asyncio.get_running_loop()
-        seq.idle_since = loop.time()
-        if seq.idle_timer is None:  # else the timer of an earlier spell arms itself again when it fires
-            seq.idle_timer = loop.call_later(self.idle_s, self._on_idle, seq)
-
-    def _on_idle(self, seq: Sequence) -> None:
-        """Idle time counts only while the sequence has nothing queued and nothing running."""
-        seq.idle_timer = None
-        if seq.idle_since is None:
-            return  # not idle now: the next spell arms its own timer
-        loop = asyncio.get_running_loop()
-        left = seq.idle_since + self.idle_s - loop.time()
-        if left > 0:  # a later spell than the one this timer was armed for
-            seq.idle_timer = loop.call_later(left, self._on_idle, seq)
-            return
-        if self.current(seq) and not self.strategy.busy(seq) and not seq.queue:
-            self.end_soon(seq, "idle")
-
-    def _on_lifetime(self, seq: Sequence) -> None:
-        """A lifetime timeout lets the accepted requests finish and closes the sequence to later ones."""
-        seq.life_timer = None
-        if not self.current(seq):
-            return
-        if seq.closed is None:
-            seq.closed = "timeout"
-        if not self.strategy.busy(seq) and not seq.queue:
-            self.end_soon(seq, "timeout")
-        elif seq.pending_end is None:
-            seq.pending_end = "timeout"
 
     # ------------------------------------------------------------------ metadata
 

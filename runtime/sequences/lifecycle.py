@@ -20,7 +20,7 @@ import contextvars
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.errors import Cancelled, Overloaded, SequenceError, SequenceNotOpen, ServerError
 from runtime.sequences.identity import SequenceControl
@@ -92,6 +92,22 @@ class Sequence:
     def stop_idle(self) -> None:
         """Idle time stops counting (a timer still armed finds nothing to do, or a later spell)."""
         self.idle_since = None
+
+
+class SequenceStrategy(Protocol):
+    """When a scheduler runs a sequence's requests: what the engine asks of it."""
+
+    def busy(self, seq: Sequence) -> bool:
+        """Whether a request of ``seq`` runs now (its state may be held outside the store)."""
+
+    def ready(self, seq: Sequence) -> None:
+        """``seq`` runs nothing and has a waiting request: let the worker consider it."""
+
+    def wake(self) -> None:
+        """A notice waits: wake the worker so that it delivers it."""
+
+    def detach(self, seq: Sequence) -> tuple[bool, Any]:
+        """At unload: forget what runs of ``seq``; (True, state) when its state is held outside the store."""
 
 
 def ended_message(echo: Any, reason: EndReason) -> str:

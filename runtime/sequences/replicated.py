@@ -30,8 +30,8 @@ import logging
 from typing import Any
 
 from runtime.errors import SequenceElsewhere, SequenceError, Unavailable
-from runtime.sequences.engine import EndedHook, SequenceEngine, SequenceStrategy
-from runtime.sequences.lifecycle import Pending, Sequence, ended_message
+from runtime.sequences.engine import EndedHook, SequenceEngine
+from runtime.sequences.lifecycle import Pending, Sequence, SequenceStrategy, ended_message
 from runtime.sequences.sequence_model import EndReason, SequenceStep
 from runtime.sequences.store import Commit, LRUStateStore, SharedStateStore, StateStore
 from runtime.settings import ModelSettings

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 import anyio
 import pytest
 
-from runtime.errors import InvalidInput, ModelFailed, Overloaded, QueueTimeout, ShuttingDown
+from runtime.errors import ModelFailed, ShuttingDown
 from runtime.settings import ModelSettings
 from runtime.streams.pipeline import StreamError
 from runtime.streams.window import BUFFERED
-from runtime.types import InferenceRequest, Parameters
+from runtime.types import InferenceRequest
 from tests.conftest import InProcess
 from tests.continuous_helpers import Client, extra, loaded, one, request, ticker_settings, ticks, turns_until
 
@@ -129,22 +128,6 @@ async def test_a_joiner_whose_client_leaves_while_another_joiner_starts(inproces
     assert ticks((await Client(inprocess.dataplane, "after", length=1).finished()).chunks) == [1]
 
 
-async def test_a_stream_that_leaves_while_it_waits_never_runs(inprocess: InProcess) -> None:
-    model, scheduler = await loaded(inprocess, ticker_settings(max_batch_size=1))
-    model.hold()
-    running = Client(inprocess.dataplane, "running", length=2)
-    await model.wait_stepping()
-    waiting = Client(inprocess.dataplane, "waiting", length=2)
-    await turns_until(lambda: scheduler.queued == 1)
-    waiting.task.cancel()
-    await waiting.done.wait()
-    assert scheduler.queued == 0
-    model.release()
-    await running.finished()
-    assert all("waiting" not in batch for batch in model.batches)
-    assert "waiting" not in model.started
-
-
 async def test_a_failing_stream_does_not_disturb_the_others(inprocess: InProcess) -> None:
     model, _ = await loaded(inprocess, ticker_settings(max_batch_size=8))
     model.hold()
@@ -246,41 +229,6 @@ async def test_a_unary_request_runs_in_the_batch_and_gets_its_chunks_combined(in
     assert list(response.outputs[0].data) == [1, 2, 3]
     assert extra(response)["batch_size"] == 2
     assert ["stream", "unary"] in model.batches
-
-
-async def test_a_request_without_an_id_is_named_by_assign_id(inprocess: InProcess) -> None:
-    """The batcher names a stream by the id ``assign_id`` gives the request, the one place request
-    ids are made: the model's stream, the request and the answer carry the same id."""
-    model, _ = await loaded(inprocess, ticker_settings())
-    unnamed = InferenceRequest(inputs=[], parameters=Parameters(length=2))
-    response = await inprocess.dataplane.infer(unnamed, "ticker")
-    assert unnamed.id is not None and uuid.UUID(unnamed.id).version == 4
-    assert response.id == unnamed.id
-    assert [unnamed.id] in model.batches
-
-
-async def test_refusals_and_back_pressure(inprocess: InProcess) -> None:
-    model, scheduler = await loaded(inprocess, ticker_settings(max_batch_size=1, max_queue_size=1))
-    with pytest.raises(InvalidInput, match="refused as asked"):
-        await inprocess.dataplane.infer(request("r", refuse=1), "ticker")
-    refused = await Client(inprocess.dataplane, "refused", refuse=1).finished()
-    assert isinstance(refused.error, InvalidInput) and not refused.chunks
-    model.hold()
-    running = Client(inprocess.dataplane, "running", length=2)
-    await model.wait_stepping()
-    queued = Client(inprocess.dataplane, "queued", length=1)
-    await turns_until(lambda: scheduler.queued == 1)
-    full = await Client(inprocess.dataplane, "full").finished()
-    assert isinstance(full.error, Overloaded) and "max_queue_size" in str(full.error)
-    queued.task.cancel()
-    await queued.done.wait()
-    late = await Client(inprocess.dataplane, "late", timeout=20_000).finished()  # 20 ms in the queue
-    assert isinstance(late.error, QueueTimeout)
-    model.release()
-    await running.finished()
-    assert running.error is None and ticks(running.chunks) == [1, 2]
-    # refused in start_stream: never started, so no end_stream; the one cancelled in the queue never ran
-    assert model.ended == [("running", "finished")] and model.started == ["running"]
 
 
 async def test_stopping_finishes_accepted_streams_and_refuses_new_ones(inprocess: InProcess) -> None:
