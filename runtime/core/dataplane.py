@@ -27,8 +27,9 @@ from runtime.core.generate import (
     wants_details,
 )
 from runtime.core.model_config import model_config
+from runtime.core.model_table import ModelEntry
 from runtime.core.observer import Observer
-from runtime.core.registry import ModelEntry, Registry
+from runtime.core.registry import Registry
 from runtime.core.request_checks import finish_response, prepare_request
 from runtime.core.response_cache import ResponseCache, answer_from, request_digest
 from runtime.core.warmup import WarmupError, warmup_requests
@@ -238,7 +239,7 @@ class DataPlane:
         return response
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
-        prepare_request(request, entry)
+        prepare_request(request, entry.settings)
         limit = queue_timeout(request, entry.settings.request_timeout)
         digest = None
         if self.cache is not None and entry.settings.response_cache and not entry.settings.sequence_batching:
@@ -246,7 +247,7 @@ class DataPlane:
             if digest is not None:
                 cached = await self.cache.get(entry.name, entry.version, digest)
                 if cached is not None:  # answered without the model (loaded or not)
-                    return finish_response(answer_from(cached), request, entry)
+                    return finish_response(answer_from(cached), request, entry.settings)
         task = asyncio.current_task()
         assert task is not None
         if entry.state is _READY:  # taken in this turn of the loop: it cannot be unloaded meanwhile
@@ -289,7 +290,7 @@ class DataPlane:
             self._unary.discard(task)
             self._cut.discard(task)
             release(entry)
-        response = finish_response(response, request, entry)
+        response = finish_response(response, request, entry.settings)
         if digest is not None and self.cache is not None:
             await self.cache.put(entry.name, entry.version, digest, response)
         return response
@@ -301,8 +302,8 @@ class DataPlane:
         requests = warmup_requests(entry.settings)
         for number, request in enumerate(requests, 1):
             try:
-                prepare_request(request, entry)
-                finish_response(await entry.scheduler.infer(request), request, entry)
+                prepare_request(request, entry.settings)
+                finish_response(await entry.scheduler.infer(request), request, entry.settings)
             except Exception as exc:
                 error = sort_error(entry.name, exc)
                 raise WarmupError(f"warm-up request {number} of {len(requests)} failed: {error}") from exc
@@ -407,8 +408,8 @@ class DataPlane:
             entry.name,
             entry.scheduler.stream,
             requests,
-            lambda request: prepare_request(request, entry),
-            lambda response, request: finish_response(response, request, entry),
+            lambda request: prepare_request(request, entry.settings),
+            lambda response, request: finish_response(response, request, entry.settings),
         )
         self.streams.opened()
         observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
