@@ -3,21 +3,18 @@
 It checks requests (tensors become numpy arrays of their shape, once: ``runtime.core.request_checks``),
 hands them to the model's scheduler, checks what the model returned, and sorts errors at one
 place: client errors pass through, cancellation re-raises, anything else the model raised becomes
-``ModelFailed`` with the cause chained.
+``ModelFailed`` with the cause chained. Its stream serving is ``runtime.core.stream_serving``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from runtime.core.client_streams import ModelStream, Reply, Routed, each, in_sessions
 from runtime.core.fairness import LoopTurns
 from runtime.core.generate import (
     GenerateRequest,
@@ -27,10 +24,12 @@ from runtime.core.generate import (
     wants_details,
 )
 from runtime.core.model_config import model_config
+from runtime.core.model_table import ModelEntry
 from runtime.core.observer import Observer
-from runtime.core.registry import ModelEntry, Registry
+from runtime.core.registry import Registry
 from runtime.core.request_checks import finish_response, prepare_request
 from runtime.core.response_cache import ResponseCache, answer_from, request_digest
+from runtime.core.stream_serving import StreamServing
 from runtime.core.warmup import WarmupError, warmup_requests
 from runtime.errors import (
     ModelFailed,
@@ -45,9 +44,8 @@ from runtime.model import MLModel
 from runtime.repository import RepositoryError, relative_paths, settings_in_repository
 from runtime.scheduling.queueing import queue_timeout
 from runtime.settings import ModelSettings, Settings
-from runtime.streams.pipeline import StreamError, StreamSession, sort_error
+from runtime.streams.pipeline import sort_error
 from runtime.streams.stream_counter import StreamCounter
-from runtime.streams.window import READ_AHEAD
 from runtime.types import (
     InferenceRequest,
     InferenceResponse,
@@ -68,7 +66,6 @@ _READY = State.READY
 
 EXTENSIONS = ("binary_tensor_data", "model_repository", "generate", "sequence")
 
-T = TypeVar("T")
 E = TypeVar("E", bound=Exception)
 
 
@@ -78,7 +75,7 @@ class Key(Protocol):
     def allows(self, authorization: str | None) -> bool: ...
 
 
-class DataPlane:
+class DataPlane(StreamServing):
     """Health, metadata and inference, whatever the transport."""
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
@@ -238,7 +235,7 @@ class DataPlane:
         return response
 
     async def _serve(self, request: InferenceRequest, entry: ModelEntry) -> InferenceResponse:
-        prepare_request(request, entry)
+        prepare_request(request, entry.settings)
         limit = queue_timeout(request, entry.settings.request_timeout)
         digest = None
         if self.cache is not None and entry.settings.response_cache and not entry.settings.sequence_batching:
@@ -246,7 +243,7 @@ class DataPlane:
             if digest is not None:
                 cached = await self.cache.get(entry.name, entry.version, digest)
                 if cached is not None:  # answered without the model (loaded or not)
-                    return finish_response(answer_from(cached), request, entry)
+                    return finish_response(answer_from(cached), request, entry.settings)
         task = asyncio.current_task()
         assert task is not None
         if entry.state is _READY:  # taken in this turn of the loop: it cannot be unloaded meanwhile
@@ -289,7 +286,7 @@ class DataPlane:
             self._unary.discard(task)
             self._cut.discard(task)
             release(entry)
-        response = finish_response(response, request, entry)
+        response = finish_response(response, request, entry.settings)
         if digest is not None and self.cache is not None:
             await self.cache.put(entry.name, entry.version, digest, response)
         return response
@@ -301,8 +298,8 @@ class DataPlane:
         requests = warmup_requests(entry.settings)
         for number, request in enumerate(requests, 1):
             try:
-                prepare_request(request, entry)
-                finish_response(await entry.scheduler.infer(request), request, entry)
+                prepare_request(request, entry.settings)
+                finish_response(await entry.scheduler.infer(request), request, entry.settings)
             except Exception as exc:
                 error = sort_error(entry.name, exc)
                 raise WarmupError(f"warm-up request {number} of {len(requests)} failed: {error}") from exc
@@ -331,60 +328,6 @@ class DataPlane:
             task.cancel()
         return len(self._unary)
 
-    async def infer_stream(
-        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
-    ) -> AsyncGenerator[InferenceResponse, None]:
-        """Serve a stream of requests with the model's ``predict_stream``; the first error ends it.
-
-        Nothing runs until the first response is asked for; the model and the first request are
-        checked then, so a transport can report those errors before it starts its own stream.
-        Responses are pulled from the model only as fast as they are asked for; closing this
-        iterator (or cancelling its task) closes the model's generator. See ``runtime.streams.pipeline``.
-        """
-        async with aclosing(self._stream(requests, name, version, in_band=False)) as items:
-            async for item in items:
-                if isinstance(item, StreamError):
-                    raise item.error
-                yield item
-
-    def infer_stream_in_band(
-        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None = None
-    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
-        """Like ``infer_stream``, but each request's error is yielded in band and the stream goes on.
-
-        A request that fails its checks is answered by a ``StreamError`` (the model never sees it);
-        when the model fails, the error is yielded and the requests after it are served by a fresh
-        call of its ``predict_stream``. Errors of the model or version themselves still raise
-        (at the first step, as with ``infer_stream``).
-        """
-        return self._stream(requests, name, version, in_band=True)
-
-    def infer_routed(self, items: AsyncIterator[Routed[T]]) -> AsyncGenerator[Reply[T], None]:
-        """Serve a client stream whose requests each name their model, MLServer's way.
-
-        Consecutive requests for one model feed one ``infer_stream_in_band``; errors are replies
-        and the stream goes on. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, default format).
-        """
-        return in_sessions(self.model_stream, items)
-
-    def infer_each(
-        self, items: AsyncIterator[Routed[T]], limit: int = READ_AHEAD
-    ) -> AsyncGenerator[Reply[T], None]:
-        """Serve a client stream whose requests each name their model, Triton's way.
-
-        Every request is a stream of its own, at most ``limit`` at a time; each ends with one
-        ``last`` reply. See ``runtime.core.client_streams`` (gRPC ModelStreamInfer, Triton format).
-        """
-        return each(self.model_stream, items, limit)
-
-    def model_stream(self, name: str, version: str | None, in_band: bool) -> ModelStream:
-        """Check the model ``name`` (raising its ServerError now) and give what serves a stream of
-        requests to it, like ``infer_stream_in_band`` (``in_band``) or ``infer_stream``: what
-        the client streams (``runtime.core.client_streams``) are handed, so that they need
-        nothing else of the DataPlane."""
-        self.check_model(name, version)
-        return functools.partial(self._stream, name=name, version=version, in_band=in_band)
-
     # ------------------------------------------------------------------ generate extension
 
     def generate_request(
@@ -397,42 +340,6 @@ class DataPlane:
         details = wants_details(body)
         request = to_inference_request(body, settings)
         return request, lambda response: to_generate_response(response, settings, details)
-
-    async def _stream(
-        self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
-    ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
-        entry = await self.registry.acquire(self._entry(name, version))
-        assert entry.scheduler is not None
-        session = StreamSession(
-            entry.name,
-            entry.scheduler.stream,
-            requests,
-            lambda request: prepare_request(request, entry),
-            lambda response, request: finish_response(response, request, entry),
-        )
-        self.streams.opened()
-        observed = self.observer.stream(entry.name, entry.version) if self.observer is not None else None
-        ended = False  # the stream ran to its end, or ended with its error: not left by the client
-        try:
-            async with aclosing(session.run(in_band)) as items:
-                async for item in items:
-                    if isinstance(item, StreamError):
-                        self._shown(item.error)
-                    if observed is not None:
-                        observed.event()
-                        ended = not in_band and isinstance(item, StreamError)
-                    yield item
-            ended = True
-        except Exception as exc:
-            ended = True
-            if isinstance(exc, ServerError):
-                self._shown(exc)
-            raise
-        finally:
-            Registry.release(entry)
-            self.streams.closed()
-            if observed is not None:
-                observed.close(cancelled=not ended)
 
     # ------------------------------------------------------------------ custom handlers
 

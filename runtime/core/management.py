@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.core.registry import ModelEntry, Registry
+from runtime.core.model_table import ModelEntry
+from runtime.core.registry import Registry
 from runtime.errors import Conflict, Forbidden, InvalidInput, ModelFailed, ModelNotFound
 from runtime.repository import find_model_settings
 from runtime.settings import MODEL_SETTINGS_FILENAME, ModelSettings, Settings

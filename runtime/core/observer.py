@@ -25,7 +25,8 @@ from runtime.errors import (
 from runtime.telemetry.counts import DURATION_BUCKETS, ModelCounters, Recorder
 
 if TYPE_CHECKING:
-    from runtime.core.registry import ModelEntry, Registry
+    from runtime.core.model_table import ModelEntry
+    from runtime.core.registry import Registry
     from runtime.telemetry.tracing import Tracing
 
 # 503s, by why (the label ``reason`` of model_infer_request_rejected); the most specific class first

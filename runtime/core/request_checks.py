@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.core.registry import ModelEntry
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.ids import assign_id
+from runtime.settings import ModelSettings
 from runtime.tensors import dtype_of, element_count, input_array, output_array
 from runtime.types import (
     InferenceRequest,
@@ -25,9 +25,9 @@ from runtime.types import (
 )
 
 
-def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
-    """Check a request against the model and turn every input's data into a numpy array."""
-    settings = entry.settings
+def prepare_request(request: InferenceRequest, settings: ModelSettings) -> None:
+    """Check a request against the model's settings (its declared inputs and outputs) and turn
+    every input's data into a numpy array."""
     declared = {tensor.name: tensor for tensor in settings.inputs} if settings.inputs else None
     seen: set[str] = set()
     for inp in request.inputs:
@@ -35,18 +35,18 @@ def prepare_request(request: InferenceRequest, entry: ModelEntry) -> None:
             raise InvalidInput(f"Input {inp.name!r} appears more than once")
         seen.add(inp.name)
         if declared:
-            _check_declared(inp, declared, entry.name)
+            _check_declared(inp, declared, settings.name)
         set_field(inp, "data", input_array(inp))
-    if declared and entry.settings.require_declared_inputs:
+    if declared and settings.require_declared_inputs:
         missing = [name for name, tensor in declared.items() if name not in seen and not tensor.optional]
         if missing:
-            raise InvalidInput(f"Model {entry.name!r} expects input(s) {missing} which the request lacks")
-    if request.outputs and entry.settings.outputs:
-        known = {tensor.name for tensor in entry.settings.outputs}
+            raise InvalidInput(f"Model {settings.name!r} expects input(s) {missing} which the request lacks")
+    if request.outputs and settings.outputs:
+        known = {tensor.name for tensor in settings.outputs}
         for out in request.outputs:
             if out.name not in known:
                 raise InvalidInput(
-                    f"Model {entry.name!r} has no output {out.name!r}; its outputs are {sorted(known)}"
+                    f"Model {settings.name!r} has no output {out.name!r}; its outputs are {sorted(known)}"
                 )
 
 
@@ -94,15 +94,15 @@ def raw_request(body: bytes | memoryview, inputs: list[MetadataTensor]) -> Infer
 
 
 def finish_response(
-    response: InferenceResponse, request: InferenceRequest | None, entry: ModelEntry
+    response: InferenceResponse, request: InferenceRequest | None, settings: ModelSettings
 ) -> InferenceResponse:
-    """Name the response after the model and request, check its outputs, keep only those asked for."""
+    """Name the response after the model (its settings) and the request, check its outputs, keep
+    only those asked for."""
     # (``type(...) is`` first: pydantic's classes answer isinstance through ABCMeta, in Python)
     if type(response) is not InferenceResponse and not isinstance(response, InferenceResponse):
         raise ModelFailed(
-            f"Model {entry.name!r} returned a {type(response).__name__}, not an InferenceResponse"
+            f"Model {settings.name!r} returned a {type(response).__name__}, not an InferenceResponse"
         )
-    settings = entry.settings  # (entry.name and entry.version are properties over these)
     named: dict[str, Any] = {"model_name": settings.name}
     if response.model_version is None:
         named["model_version"] = settings.version
@@ -121,7 +121,7 @@ def finish_response(
             found = by_name.get(requested.name)
             if found is None:
                 raise InvalidInput(
-                    f"Output {requested.name!r} was requested but model {entry.name!r} "
+                    f"Output {requested.name!r} was requested but model {settings.name!r} "
                     f"returned only {sorted(by_name)}"
                 )
             wanted.append(found)

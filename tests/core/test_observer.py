@@ -9,8 +9,9 @@ from typing import cast
 import pytest
 
 from runtime import errors
+from runtime.core.model_table import ModelEntry
 from runtime.core.observer import Observer, rejection, triton_reason
-from runtime.core.registry import ModelEntry, Registry
+from runtime.core.registry import Registry
 from runtime.settings import ModelParameters, ModelSettings
 from runtime.telemetry.counts import Recorder
 

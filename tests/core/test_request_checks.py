@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.core.registry import ModelEntry
 from runtime.core.request_checks import finish_response, prepare_request, raw_request
 from runtime.errors import InvalidInput, ModelFailed
 from runtime.settings import ModelParameters, ModelSettings
@@ -22,8 +21,8 @@ from runtime.types import (
 )
 
 
-def _entry(**settings: Any) -> ModelEntry:
-    return ModelEntry(settings=ModelSettings(name="m", **settings))
+def _settings(**settings: Any) -> ModelSettings:
+    return ModelSettings(name="m", **settings)
 
 
 def _tensor(name: str, shape: list[int], datatype: str = "FP32", **extra: Any) -> MetadataTensor:
@@ -46,7 +45,7 @@ def _request(
 
 def test_prepare_request_turns_data_into_arrays_of_the_input_shape() -> None:
     request = _request(("x", [2, 2], "INT32", [1, 2, 3, 4]))
-    prepare_request(request, _entry())
+    prepare_request(request, _settings())
     data = request.inputs[0].data
     assert isinstance(data, np.ndarray) and data.shape == (2, 2) and data.dtype == np.int32
 
@@ -54,7 +53,7 @@ def test_prepare_request_turns_data_into_arrays_of_the_input_shape() -> None:
 def test_an_input_sent_twice_is_refused() -> None:
     request = _request(("x", [1], "INT32", [1]), ("x", [1], "INT32", [2]))
     with pytest.raises(InvalidInput, match="appears more than once"):
-        prepare_request(request, _entry())
+        prepare_request(request, _settings())
 
 
 @pytest.mark.parametrize(
@@ -69,10 +68,10 @@ def test_an_input_sent_twice_is_refused() -> None:
 def test_inputs_are_checked_against_the_declared_ones(
     inp: tuple[str, list[int], str, list[Any]], message: str
 ) -> None:
-    entry = _entry(inputs=[_tensor("x", [-1, 3])])
+    settings = _settings(inputs=[_tensor("x", [-1, 3])])
     with pytest.raises(InvalidInput, match=message):
-        prepare_request(_request(inp), entry)
-    prepare_request(_request(("x", [4, 3], "FP32", list(range(12)))), entry)  # -1 takes any size
+        prepare_request(_request(inp), settings)
+    prepare_request(_request(("x", [4, 3], "FP32", list(range(12)))), settings)  # -1 takes any size
 
 
 def test_missing_inputs_are_refused_only_when_required_and_not_optional() -> None:
@@ -81,17 +80,17 @@ def test_missing_inputs_are_refused_only_when_required_and_not_optional() -> Non
         _tensor("y", [1]),
         _tensor("z", [1], parameters=Parameters.model_validate({"optional": True})),
     ]
-    prepare_request(_request(("x", [1], "FP32", [1])), _entry(inputs=declared))
+    prepare_request(_request(("x", [1], "FP32", [1])), _settings(inputs=declared))
     with pytest.raises(InvalidInput, match=r"expects input\(s\) \['y'\] which the request lacks"):
         prepare_request(
-            _request(("x", [1], "FP32", [1])), _entry(inputs=declared, require_declared_inputs=True)
+            _request(("x", [1], "FP32", [1])), _settings(inputs=declared, require_declared_inputs=True)
         )
 
 
 def test_a_requested_output_must_be_declared() -> None:
-    entry = _entry(outputs=[_tensor("out", [1])])
+    settings = _settings(outputs=[_tensor("out", [1])])
     with pytest.raises(InvalidInput, match="has no output 'other'; its outputs are \\['out'\\]"):
-        prepare_request(_request(("x", [1], "FP32", [1]), outputs=["other"]), entry)
+        prepare_request(_request(("x", [1], "FP32", [1]), outputs=["other"]), settings)
 
 
 def test_raw_request_sizes_the_one_unknown_dimension_from_the_body() -> None:
@@ -107,13 +106,13 @@ def test_raw_request_sizes_the_one_unknown_dimension_from_the_body() -> None:
 
 
 def test_finish_response_names_the_answer_and_keeps_only_the_outputs_asked_for() -> None:
-    entry = _entry(parameters=ModelParameters(version="v2"))
+    settings = _settings(parameters=ModelParameters(version="v2"))
     outputs = [
         ResponseOutput(name="a", shape=[1], datatype=Datatype.INT32, data=[1]),
         ResponseOutput(name="b", shape=[1], datatype=Datatype.INT32, data=[2]),
     ]
     request = InferenceRequest(id="req-1", inputs=[], outputs=[RequestOutput(name="b")])
-    response = finish_response(InferenceResponse(model_name="", outputs=outputs), request, entry)
+    response = finish_response(InferenceResponse(model_name="", outputs=outputs), request, settings)
     assert (response.model_name, response.model_version, response.id) == ("m", "v2", "req-1")
     assert [out.name for out in response.outputs] == ["b"]
     assert isinstance(response.outputs[0].data, np.ndarray)
@@ -121,9 +120,9 @@ def test_finish_response_names_the_answer_and_keeps_only_the_outputs_asked_for()
     with pytest.raises(
         InvalidInput, match="Output 'c' was requested but model 'm' returned only \\['a', 'b'\\]"
     ):
-        finish_response(InferenceResponse(outputs=list(outputs)), missing, entry)
+        finish_response(InferenceResponse(outputs=list(outputs)), missing, settings)
 
 
 def test_finish_response_refuses_what_is_not_a_response() -> None:
     with pytest.raises(ModelFailed, match="returned a dict, not an InferenceResponse"):
-        finish_response({"outputs": []}, None, _entry())  # type: ignore[arg-type]
+        finish_response({"outputs": []}, None, _settings())  # type: ignore[arg-type]

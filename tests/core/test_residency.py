@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.core.registry import NOT_LOADED
+from runtime.core.model_table import NOT_LOADED
 from runtime.core.residency import Residency, resident_bytes
 from runtime.server.serving import Server
 from runtime.settings import ModelSettings, parse_size

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.core.dataplane import DataPlane
-from runtime.core.registry import ModelEntry
+from runtime.core.model_table import ModelEntry
 from runtime.errors import ServerError
 from runtime.frontends.mlflow.formats import (
     CSV,
