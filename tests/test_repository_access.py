@@ -10,7 +10,6 @@ grpcio's stubs and tritonclient (HTTP and gRPC).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 from runtime.server.serving import Server
-from tests.servers import serving
+from tests.servers import serving, start_server
 
 pytestmark = pytest.mark.anyio
 
@@ -132,14 +131,22 @@ def _tritonclient(http_port: int, grpc_port: int, key: str | None) -> list[str]:
     return raised
 
 
-async def test_tritonclient_unloads_and_loads_with_the_key(guarded: tuple[Server, str]) -> None:
-    server, key = guarded
-    assert server.http_port is not None and server.grpc_port is not None
-    refused = await asyncio.to_thread(_tritonclient, server.http_port, server.grpc_port, None)
-    assert len(refused) == 4 and all("management key" in message for message in refused), refused
-    allowed = await asyncio.to_thread(_tritonclient, server.http_port, server.grpc_port, key)
-    assert allowed == ["", "", "", ""]
-    assert server.registry.get("echo").model is not None
+def test_tritonclient_unloads_and_loads_with_the_key(tmp_path: Path) -> None:
+    """tritonclient's HTTP client runs on gevent, whose hub belongs to one thread: it is driven from
+    this test's own thread, against a server in a process of its own (not from a worker thread of
+    the event loop, where its objects would be collected in another thread than their hub's)."""
+    server = start_server(_repository(tmp_path))
+    try:
+        http_port = int(server.http_address.rsplit(":", 1)[1])
+        grpc_port = int(server.grpc_address.rsplit(":", 1)[1])
+        refused = _tritonclient(http_port, grpc_port, None)
+        assert len(refused) == 4 and all("management key" in message for message in refused), refused
+        key = server.authorization()["authorization"].removeprefix("Bearer ")
+        assert _tritonclient(http_port, grpc_port, key) == ["", "", "", ""]
+        ready = httpx.get(f"{server.http_url}/v2/models/echo/ready", timeout=30)
+        assert ready.status_code == 200
+    finally:
+        server.stop()
 
 
 async def test_the_setting_opens_them(tmp_path: Path) -> None:

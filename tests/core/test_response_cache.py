@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from runtime.core.management_key import ManagementKey
 from runtime.core.response_cache import MemoryCache, answer_from, make_cache, request_digest
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.generated import dataplane_pb2_grpc
@@ -107,7 +108,7 @@ async def test_a_hit_answers_with_its_own_id_without_calling_the_model(tmp_path:
     write_model(tmp_path, "plain", k=20, extra={"mib": 1})
     async with serving_repository(tmp_path, response_cache="memory") as server:
         key = server.dataplane.repository_key
-        assert key is not None
+        assert isinstance(key, ManagementKey)
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{server.http_port}", headers={"Authorization": f"Bearer {key.key}"}
         ) as http:
