@@ -12,7 +12,7 @@ model-settings.json names MLServer's runtime (``mlserver_sklearn.SKLearnModel``,
 - ``mlserver``: MLServer 1.7.1 (``mlserver start``) on those folders with ``parallel_workers: 0``,
   its fastest set-up on one core (``OMP_NUM_THREADS=1``, so that XGBoost's threads do not fight
   over the one core). The command comes from ``--mlserver`` or ``BENCH_MLSERVER`` (e.g.
-  ``/work/venvs/mlserver/bin/mlserver``); without one, or if it does not run, that side is skipped
+  ``/opt/mlserver-venv/bin/mlserver``); without one, or if it does not run, that side is skipped
   and said so;
 - ``ours``: this server on the same folders, unchanged (no batching);
 - ``ours batched``: this server on copies whose settings add adaptive batching
