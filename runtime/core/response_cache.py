@@ -173,7 +173,7 @@ class RedisCache(ResponseCache):
         return found if isinstance(found, InferenceResponse) else None
 
     async def put(self, name: str, version: str | None, digest: str, response: InferenceResponse) -> None:
-        from runtime.sequences.redis_store import dumps
+        from runtime.sequences.state_pickle import dumps
 
         key = self._prefix((name, version or "")) + digest
         try:

@@ -123,7 +123,7 @@ def test_states_are_stored_as_bytes_tensors_included() -> None:
     import numpy as np
     import torch
 
-    from runtime.sequences.redis_store import dumps
+    from runtime.sequences.state_pickle import dumps
 
     h = torch.arange(2 * 512, dtype=torch.float32).reshape(2, 512)
     state: dict[str, Any] = {"h": h, "c": h.numpy() * 2, "n": 3}
