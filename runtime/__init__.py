@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from runtime.codecs import decode_args
     from runtime.continuous import ContinuousModel, StepResult, Stream
     from runtime.model import MLModel
+    from runtime.model_settings import ModelParameters, ModelSettings
     from runtime.sequences import SequenceModel, SequenceStep
-    from runtime.settings import ModelParameters, ModelSettings, Settings
+    from runtime.settings import Settings
 
 __all__ = [
     "ContinuousModel",
@@ -45,8 +46,8 @@ _EXPORTS = {
     "StepResult": ".continuous",
     "Stream": ".continuous",
     "MLModel": ".model",
-    "ModelParameters": ".settings",
-    "ModelSettings": ".settings",
+    "ModelParameters": ".model_settings",
+    "ModelSettings": ".model_settings",
     "Settings": ".settings",
     "SequenceModel": ".sequences",
     "SequenceStep": ".sequences",

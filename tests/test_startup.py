@@ -104,7 +104,8 @@ def test_the_public_names_are_imported_on_first_use() -> None:
     )
     found = json.loads(_python(code))
     assert found["MLModel"] == "runtime.model"
-    assert found["Settings"] == found["ModelSettings"] == "runtime.settings"
+    assert found["Settings"] == "runtime.settings"
+    assert found["ModelSettings"] == found["ModelParameters"] == "runtime.model_settings"
     assert found["SequenceStep"] == "runtime.sequences.sequence_model"
     assert found["decode_args"] == "runtime.codecs.decorator"
     for name in runtime.__all__:  # the same objects as their modules'
