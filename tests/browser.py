@@ -6,10 +6,13 @@ No browser is downloaded: where ``chromium`` or ``websockets`` is missing, the t
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from types import TracebackType
@@ -48,11 +51,14 @@ class Browser:
         self.executable = executable
         self.requests: list[str] = []
         self._ids = itertools.count(1)
-        self._profile = tempfile.TemporaryDirectory(prefix="chromium-")
+        # Chromium's own children (zygote, renderers) may still be writing the profile when it goes:
+        # a left-over file there must not fail the test
+        self._profile = tempfile.TemporaryDirectory(prefix="chromium-", ignore_cleanup_errors=True)
         self.process = subprocess.Popen(
             [self.executable, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # its children in a process group of its own, ended with it
         )
         assert self.process.stderr is not None
         for line in self.process.stderr:  # the line that says where CDP listens
@@ -79,7 +85,8 @@ class Browser:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.ws.close()
-        self.process.kill()  # our own process, by its handle
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # our own Chromium and its children, by its group
         self.process.wait()
         assert self.process.stderr is not None
         self.process.stderr.close()
