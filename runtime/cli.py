@@ -40,6 +40,16 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any] | None:
     return None
 
 
+def _size(text: str) -> int:
+    """A size flag's bytes (``--models-memory-limit 150MiB``); argparse reports a bad one."""
+    from runtime.settings_files import parse_size
+
+    return parse_size(text)
+
+
+_size.__name__ = "size"  # argparse's message: "invalid size value"
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     from runtime.settings import Settings
 
@@ -67,10 +77,12 @@ def add_model_flags(
     short: Mapping[str, str] | None = None,
 ) -> None:
     """A flag per field of ``model`` that a flag can set (``--field-name``, and ``short``'s)."""
+    from runtime.settings_files import SIZE_FIELDS
+
     for name, field in model.model_fields.items():
         if name in skipped:
             continue
-        kwargs = _flag_kwargs(field.annotation)
+        kwargs = {"type": _size} if name in SIZE_FIELDS else _flag_kwargs(field.annotation)
         if kwargs is None:
             continue
         help_text = (field.description or "").replace("%", "%%")

@@ -26,7 +26,7 @@ from runtime.model_settings import (
     ModelParameters,
     ModelSettings,
 )
-from runtime.settings_files import MLSERVER_IGNORED, parse_size, read_json, unknown_keys
+from runtime.settings_files import MLSERVER_IGNORED, SIZE_FIELDS, parse_size, read_json, unknown_keys
 from runtime.version import __version__
 
 __all__ = [
@@ -335,7 +335,7 @@ class Settings(BaseSettings):
             raise ValueError(f"metrics_endpoint must be a path starting with '/', got {value!r}")
         return value or None
 
-    @field_validator("models_memory_limit", mode="before")
+    @field_validator(*SIZE_FIELDS, mode="before")
     @classmethod
     def _memory_size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value

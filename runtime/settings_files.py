@@ -37,6 +37,10 @@ _UNITS = {
 }
 
 
+SIZE_FIELDS = frozenset({"models_memory_limit"})
+"""Settings given in bytes that may be written with a unit ("512MiB"), in a file or as a flag."""
+
+
 def parse_size(text: str) -> int:
     """Bytes from ``"512MiB"``, ``"4GiB"``, ``"800MB"``, ``"1.5G"`` or a plain number of bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)

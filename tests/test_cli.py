@@ -64,3 +64,14 @@ def test_main_without_a_command_or_with_a_missing_folder_fails(
     with pytest.raises(SystemExit) as exited:
         main(["start", str(tmp_path)])
     assert exited.value.code == 2 and "must hold a JSON object" in capsys.readouterr().err
+
+
+def test_a_memory_limit_flag_takes_a_unit_and_refuses_what_is_not_a_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for text, expected in (("150MiB", 150 * 1024**2), ("4GiB", 4 * 1024**3), ("1000", 1000)):
+        args = build_parser().parse_args(["start", str(tmp_path), "--models-memory-limit", text])
+        assert settings_from_args(args).models_memory_limit == expected
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["start", str(tmp_path), "--models-memory-limit", "15x"])
+    assert "invalid size value: '15x'" in capsys.readouterr().err
