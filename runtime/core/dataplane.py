@@ -216,13 +216,15 @@ class DataPlane(StreamServing):
     ) -> InferenceResponse:
         """Serve one request through the model's scheduler and return its checked response.
 
-        ``entry``: what ``check_model(name, version)`` returned for this request in this same turn
-        of the loop (no ``await`` since), which spares looking the model up again."""
+        ``entry``: what ``check_model(name, version)`` returned for this request, which spares
+        looking the model up again. The transport may have awaited since (reading the body):
+        ``_serve`` takes the model's current entry when that one is no longer ready, and a
+        server that began to drain meanwhile refuses the request as ``check_model`` would."""
+        if entry is None or self.draining:
+            entry = self._checked(name, version)  # found once, for the observer and the request alike
         observer = self.observer
         if observer is None:
-            return await self._serve(request, entry or self._entry(name, version))
-        if entry is None:
-            entry = self._checked(name, version)  # found once, for the observer and the request alike
+            return await self._serve(request, entry)
         watch = observer.begin(entry, name, version)
         if watch is None:
             return await self._serve(request, entry)

@@ -169,12 +169,13 @@ class RestApi:
         if turns.queue or (turns.enabled and monotonic() - turns.grpc_seen < GRPC_ACTIVE_WINDOW):
             await turns.rest_turn()
         dataplane = self.dataplane
-        dataplane.check_model(name, version)
+        entry = dataplane.check_model(name, version)
         body, header_length, sequence = await read_request(scope, receive, self.max_request_size)
         inference_request = self.parse_inference_request(body, header_length, name, version)
         if sequence is not None:
             apply_headers(inference_request, sequence)
-        response = await cancel_on_disconnect(receive, dataplane.infer(inference_request, name, version))
+        served = dataplane.infer(inference_request, name, version, entry)
+        response = await cancel_on_disconnect(receive, served)
         body, headers = encode_response(response, inference_request)
         raw = [_BINARY_TYPE if headers else _JSON_TYPE, (b"content-length", b"%d" % len(body))]
         if headers:
