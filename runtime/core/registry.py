@@ -332,6 +332,8 @@ class Registry(ModelTable):
         the grace period); ``reason`` is counted (None: a load that failed, not an unload)."""
         entry.state = State.UNLOADING
         if wait:
+            if entry.scheduler is not None:
+                entry.scheduler.hurry()  # a batch waiting to fill would hold the unload back
             await self._wait_idle(entry)
         if reason is not None and entry.model is not None:
             self.residency.unloaded(entry.name, entry.version, reason)

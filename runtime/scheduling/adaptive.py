@@ -136,6 +136,12 @@ class AdaptiveScheduler(Scheduler):
                 self._holds_collector = False
                 gc_threshold.release()
 
+    def hurry(self) -> None:
+        """Send every waiting group now, and each new one as it comes (no more waiting for a
+        batch to fill: the unload waits for these requests)."""
+        self.max_batch_time = 0.0
+        self._wake()
+
     # ------------------------------------------------------------------ callers
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:

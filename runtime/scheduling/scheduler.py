@@ -39,6 +39,10 @@ class Scheduler(abc.ABC):
     async def stop(self) -> None:
         """Finish accepted work and end background tasks."""
 
+    def hurry(self) -> None:
+        """The model is being unloaded once its work ends: hold nothing back for later (a batch
+        waiting to fill goes now); new requests are still served. By default nothing waits."""
+
     async def hand_over(self) -> None:
         """The server drains: let other replicas take over now what this one holds and nothing here
         runs or waits for (sequences in a shared store); by default there is nothing to hand over."""

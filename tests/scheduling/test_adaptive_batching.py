@@ -124,7 +124,8 @@ async def test_an_incompatible_request_does_not_hold_back_a_full_batch(inprocess
         responses = await asyncio.gather(*(post(client, body([[i, i]])) for i in range(3)))
     assert [params(r)["batch_size"] for r in responses] == [3, 3, 3]
     assert not odd.done()  # still forming its own batch, and it did not block the full one
-    await inprocess.registry.unload("rows")  # stopping sends the partial batch at once
+    async with asyncio.timeout(10):  # its batch would wait 30 s to fill: the unload sends it now
+        await inprocess.registry.unload("rows")
     alone = await odd
     assert alone.parameters is not None and alone.parameters.model_extra == {
         "model_says": "hello",

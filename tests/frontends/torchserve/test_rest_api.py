@@ -43,7 +43,7 @@ def archive(tmp: Path, name: str, handler: str, config: str | None = None, fmt: 
 async def ts_api(tmp_path: Path, inprocess: InProcess) -> AsyncIterator[httpx.AsyncClient]:
     store = tmp_path / "store"
     store.mkdir()
-    archive(store, "echo", "echo_handler.py", "minWorkers: 1\nhandler:\n  greeting: hello\n")
+    archive(store, "echo", "echo_handler.py", "responseTimeout: 120\nhandler:\n  greeting: hello\n")
     archive(store, "streamer", "stream_handler.py", fmt="no-archive")
     archive(store, "zipped", "echo_handler.py", fmt="tgz")
     found, broken = read_repository(store)
@@ -89,7 +89,7 @@ async def test_predictions_text_json_bytes_and_headers(ts_api: httpx.AsyncClient
     answer = text.json()
     assert answer["data"]["body"] == "hi"  # text/* reaches the handler as str
     assert answer["headers"]["x-tag"] == "a"
-    assert answer["yaml"] == {"minWorkers": 1, "handler": {"greeting": "hello"}}
+    assert answer["yaml"] == {"responseTimeout": 120, "handler": {"greeting": "hello"}}
     assert answer["model_dir_set"] and answer["manifest_handler"] == "echo_handler.py"
     assert text.headers["content-type"] == "application/json"
     assert text.headers["x-request-id"] == answer["request_id"]
