@@ -5,10 +5,10 @@
 
 - ``text-generation``: served with continuous batching whatever the settings say (MLServer's
   settings do not have the key), at most ``max_batch_size`` streams at a time (16 when the
-  settings leave it unset); the rest wait in order. A stream joining is prefilled alone; every
-  step is then one forward call over all the decoding streams (:mod:`.kv_cache`), and a stream
-  that finishes, is stopped or whose client goes away frees its cache at once, so that a waiting
-  one takes its place at the next step. The request: a BYTES ``text_input`` (one prompt; the
+  settings leave it unset); the rest wait in order. The streams joining at a step are prefilled
+  together, in one padded forward call; every step is then one forward call over all the
+  decoding streams (:mod:`.kv_cache`), and a stream that finishes, is stopped or whose client
+  goes away frees its cache at once, so that a waiting one takes its place at the next step. The request: a BYTES ``text_input`` (one prompt; the
   generate extension's input), or INT64 ``input_ids`` (the prompt's tokens), or a BYTES
   ``messages`` (the chat messages as JSON, rendered by the chat template); the parameters of
   :mod:`.options`. Each chunk's BYTES ``text_output`` is the new text only (the prompt is not
@@ -165,20 +165,22 @@ class HuggingFaceModel(ContinuousModel):
         return results
 
     def _advance(self, generations: list[Generation]) -> list[Produced]:
-        """One token for every stream, in one forward call (plus the prefill of those joining):
-        runs on the model's thread."""
+        """One token for every stream, in one forward call (plus one prefill call for those
+        joining): runs on the model's thread."""
         import torch
 
         from runtime.huggingface.sampling import choose
 
         with torch.inference_mode():
             rows: list[Any] = [None] * len(generations)
-            decoding = []
-            for i, g in enumerate(generations):
-                if g.sequence.length == 0:
-                    rows[i] = self.cache.prefill(g.sequence, g.prompt)
-                else:
-                    decoding.append(i)
+            joining = [i for i, g in enumerate(generations) if g.sequence.length == 0]
+            decoding = [i for i, g in enumerate(generations) if g.sequence.length != 0]
+            if joining:
+                logits = self.cache.prefill(
+                    [generations[i].sequence for i in joining], [generations[i].prompt for i in joining]
+                )
+                for j, i in enumerate(joining):
+                    rows[i] = logits[j]
             if decoding:
                 logits = self.cache.decode(
                     [generations[i].sequence for i in decoding], [generations[i].last for i in decoding]

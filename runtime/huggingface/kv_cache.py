@@ -1,15 +1,16 @@
 """The key/value cache of the streams a text-generation model runs: one batch, rearranged as streams come and go.
 
 Each running stream has its own keys and values (every layer's, for every token it has seen).
-A stream joining is prefilled alone, exactly as ``model.generate`` would prefill its prompt, and
-keeps its cache to itself until its next step. Every step then runs ONE forward call over all
-the decoding streams: their caches are rows of one batch, left-padded to the longest, with an
-attention mask that hides the padding and each row's own position ids, so that every row computes
-what it would alone (the test suite checks greedy tokens against ``model.generate`` alone). The
-batch is transformers' ``DynamicCache`` (each step appends one column); it is rebuilt only when
-the set of streams changes: a new stream's row is added, a stream that sits a step out takes its
-row back, and a stream that ended is cut out at once (``free``), trimming columns that only held
-padding.
+The streams joining at a step are prefilled together in ONE forward call (``prefill``): their
+prompts left-padded to the longest, with an attention mask that hides the padding and each row's
+own position ids (those ``model.generate`` gives a left-padded batch); each stream then keeps its
+own rows, the padding cut off, until its next step. Every step then runs ONE forward call over
+all the decoding streams: their caches are rows of one batch, left-padded to the longest, masked
+and positioned the same way, so that every row computes what it would alone, to float rounding
+(the test suite checks greedy tokens against ``model.generate`` alone). The batch is
+transformers' ``DynamicCache`` (each step appends one column); it is rebuilt only when the set of
+streams changes: a new stream's row is added, a stream that sits a step out takes its row back,
+and a stream that ended is cut out at once (``free``), trimming columns that only held padding.
 
 Why this and not transformers' own continuous batching (``generate_batch``,
 ``ContinuousBatchingManager``): that runs a generation loop of its own on a thread of its own,
@@ -69,15 +70,45 @@ class BatchCache:
 
     # ------------------------------------------------------------------ calls
 
-    def prefill(self, sequence: Sequence, prompt: list[int]) -> torch.Tensor:
-        """Run a stream's prompt alone; its cache is kept aside. The logits of the next token."""
+    def prefill(self, sequences: list[Sequence], prompts: list[list[int]]) -> torch.Tensor:
+        """Run the prompts of the streams joining this step, together, in one forward call; each
+        stream's cache is kept aside. The logits of each one's next token, one row each, in order.
+
+        The prompts are left-padded to the longest, with an attention mask that hides the padding
+        and each row's own position ids (those ``model.generate`` gives a left-padded batch:
+        ``cumsum(mask) - 1``), so that every row computes what its prompt would alone. Each
+        stream then keeps its own rows, the padding cut off: per layer, keys and values of shape
+        [1, heads, prompt length, head_dim], as ``_arrange`` takes them."""
+        size = len(prompts)
+        longest = max(len(prompt) for prompt in prompts)
+        pad = self.config.pad_token_id if isinstance(self.config.pad_token_id, int) else 0
+        ids = torch.full((size, longest), pad, dtype=torch.long)
+        mask = torch.zeros(size, longest, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, longest - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = DynamicCache(config=self.config)
-        ids = torch.tensor([prompt], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_argument: cache})
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_argument: cache},
+        )
         layers: list[Any] = list(cache.layers)
-        sequence.kv = [(layer.keys, layer.values) for layer in layers]
-        sequence.length = len(prompt)
-        logits: torch.Tensor = out.logits[0, -1]
+        for row, (sequence, prompt) in enumerate(zip(sequences, prompts, strict=True)):
+            start = longest - len(prompt)
+            sequence.kv = [
+                (
+                    layer.keys[row : row + 1, :, start:].contiguous(),
+                    layer.values[row : row + 1, :, start:].contiguous(),
+                )
+                for layer in layers
+            ]
+            sequence.length = len(prompt)
+        logits: torch.Tensor = out.logits[:, -1]
         return logits
 
     def decode(self, sequences: list[Sequence], tokens: list[int]) -> torch.Tensor:
