@@ -19,9 +19,10 @@ the previous event was handed to the server, which waits while its write buffer 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Final, Literal, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -30,6 +31,9 @@ from starlette.types import Receive
 
 from runtime.errors import ServerError, internal_error
 from runtime.streams.stream_counter import StreamCounter, cut_error
+
+if TYPE_CHECKING:
+    from sse_starlette import EventSourceResponse
 
 logger = logging.getLogger(__name__)
 
@@ -170,9 +174,24 @@ async def sse_response(
     if first is None:
         return Response(status_code=499)  # the client is gone: nothing will read this
     events = _events(first, items, encode, streams)
-    from sse_starlette import EventSourceResponse  # imported by the first stream: a server may never stream
+    return _event_source()(events, ping=PING_SECONDS, sep=SEP.decode())
 
-    return EventSourceResponse(events, ping=PING_SECONDS, sep=SEP.decode())
+
+@functools.cache
+def _event_source() -> type[EventSourceResponse]:
+    """sse-starlette's ``EventSourceResponse`` (imported by the first stream: a server may never
+    stream), whose messages go out without a cancel scope each when it has no send timeout (it
+    has none here): an anyio scope per event was a tenth of a token stream's event-loop time."""
+    from sse_starlette import EventSourceResponse
+
+    class EventSource(EventSourceResponse):
+        async def _send_with_timeout(self, send: Any, message: Any) -> None:
+            if self.send_timeout is None:
+                await send(message)
+            else:
+                await super()._send_with_timeout(send, message)
+
+    return EventSource
 
 
 class _Cut:
