@@ -395,3 +395,46 @@ async def test_streamed_choices_of_several_prompts_interleave_tagged_by_index(ap
                 reasons[choice.index] = choice.finish_reason
     assert sorted(texts) == [0, 1, 2, 3] and sorted(reasons) == [0, 1, 2, 3]
     assert [texts[i] for i in range(4)] == [c.text for c in whole.choices]  # seeded: the same draws
+
+
+async def test_langchains_openai_clients_as_the_docs_show_them(server: Server, api: Any) -> None:
+    """docs/llm.md's LangChain snippet: ``ChatOpenAI`` (answered and streamed) and
+    ``OpenAIEmbeddings`` (``check_embedding_ctx_length=False``) against this server."""
+    langchain_openai = pytest.importorskip(
+        "langchain_openai", reason="the docs' LangChain snippet is run with LangChain's own OpenAI client"
+    )
+    base = f"http://127.0.0.1:{server.http_port}/v1"
+    messages = [{"role": "user", "content": "the cat"}]
+    expected = await api.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0
+    )
+    floats = await api.embeddings.create(
+        model="embedder", input=["a cat", "the lazy dog runs"], encoding_format="float"
+    )
+    async with httpx.AsyncClient(timeout=60) as http:  # closed here (LangChain's own would be left open)
+        chat = langchain_openai.ChatOpenAI(
+            base_url=base,
+            api_key="unused",
+            model="tiny",
+            max_tokens=12,
+            temperature=0,
+            max_retries=0,
+            http_async_client=http,
+        )
+        answered = await chat.ainvoke("the cat")
+        streamed = [chunk.content async for chunk in chat.astream("the cat")]
+        embeddings = langchain_openai.OpenAIEmbeddings(
+            base_url=base,
+            api_key="unused",
+            model="embedder",
+            check_embedding_ctx_length=False,
+            http_async_client=http,
+        )
+        vectors = await embeddings.aembed_documents(["a cat", "the lazy dog runs"])
+    assert answered.content == expected.choices[0].message.content
+    assert answered.response_metadata["finish_reason"] == expected.choices[0].finish_reason
+    assert answered.usage_metadata["input_tokens"] == expected.usage.prompt_tokens
+    assert len(streamed) > 1 and "".join(streamed) == expected.choices[0].message.content
+    assert [len(v) for v in vectors] == [64, 64]
+    for vector, data in zip(vectors, floats.data, strict=True):
+        assert vector == pytest.approx(data.embedding, abs=1e-5)
