@@ -13,8 +13,7 @@ and leaves as ``uint64_param``, like any integer of 2**63 or more; other integer
 
 Bytes that do not parse as the request message a method expects are bad input: the method's
 deserializer (:func:`request_reader`) gives an :class:`Undecodable` in the message's place, and
-the handler's first read of a field raises ``InvalidInput`` (INVALID_ARGUMENT, in band on a stream);
-ModelInfer, which parses its own bytes, raises it at once (:func:`undecodable`).
+the handler's first read of a field raises ``InvalidInput`` (INVALID_ARGUMENT, in band on a stream).
 """
 
 from __future__ import annotations
@@ -96,26 +95,23 @@ class Undecodable:
 
 def request_reader(message_type: Any) -> Callable[[bytes], Any]:
     """A gRPC request deserializer of ``message_type``: the message, or an :class:`Undecodable`
-    (see :func:`undecodable`) when the bytes do not parse. grpc would otherwise log the
-    DecodeError with its traceback and answer UNKNOWN, ending a stream."""
+    (logged on one line) when the bytes do not parse. grpc would otherwise log the DecodeError
+    with its traceback and answer UNKNOWN, ending a stream."""
     parse = message_type.FromString
+    full_name = message_type.DESCRIPTOR.full_name
 
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
         except DecodeError as exc:
-            return undecodable(message_type, data, exc)
+            logger.info(
+                "Refused a gRPC message (%d bytes) that is not a valid %s: %s", len(data), full_name, exc
+            )
+            return Undecodable(
+                f"The message is not a valid {full_name}: it does not parse as protobuf ({exc})"
+            )
 
     return deserialize
-
-
-def undecodable(message_type: Any, data: bytes, error: DecodeError) -> Undecodable:
-    """What answers ``data``, bytes that are not a ``message_type`` (``error`` says why), logged
-    on one line. ModelInfer parses its own bytes (the hot path: no deserializer call) and raises
-    its refusal; every other method gets it from :func:`request_reader`."""
-    full_name = message_type.DESCRIPTOR.full_name
-    logger.info("Refused a gRPC message (%d bytes) that is not a valid %s: %s", len(data), full_name, error)
-    return Undecodable(f"The message is not a valid {full_name}: it does not parse as protobuf ({error})")
 
 
 # ---------------------------------------------------------------------- parameters

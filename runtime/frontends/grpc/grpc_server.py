@@ -58,8 +58,7 @@ def method_handlers(dataplane: DataPlane, stream_format: str) -> dict[str, grpc.
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            # ModelInfer parses its own bytes (no deserializer's Python call on the hot path)
-            request_deserializer=None if name == "ModelInfer" else request_reader(request),
+            request_deserializer=request_reader(request),
             response_serializer=serialized if name == "ModelInfer" else response.SerializeToString,
         )
         for name, request, response in _UNARY

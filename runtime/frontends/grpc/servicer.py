@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from runtime.core.dataplane import DataPlane
 from runtime.errors import InvalidInput, ServerError, internal_error
@@ -23,7 +22,6 @@ from runtime.frontends.grpc.converters import (
     request_from_proto,
     response_to_proto,
     server_metadata_to_proto,
-    undecodable,
 )
 from runtime.frontends.grpc.generated import dataplane_pb2 as pb
 from runtime.frontends.grpc.status_codes import code_of, status_message, trailers_of
@@ -31,8 +29,6 @@ from runtime.frontends.grpc.wire_codec import response_bytes
 from runtime.sequences.identity import apply_headers, response_headers
 
 logger = logging.getLogger(__name__)
-
-_INFER_REQUEST = pb.ModelInferRequest.FromString
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -116,14 +112,9 @@ class InferenceServicer:
         meta = await self.dataplane.model_metadata(request.name, request.version or None)
         return model_metadata_to_proto(meta)
 
-    async def ModelInfer(self, data: bytes, context: Any) -> pb.ModelInferResponse:
-        # guarded as the other methods are, in this one frame (the hot path: no wrapper coroutine),
-        # and parsing its own bytes (no deserializer's Python call: see grpc_server.method_handlers)
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        # guarded as the other methods are, in this one frame (the hot path: no wrapper coroutine)
         try:
-            try:
-                request = _INFER_REQUEST(data)
-            except DecodeError as exc:
-                raise undecodable(pb.ModelInferRequest, data, exc).refusal() from None
             name, version = request.model_name, request.model_version or None
             dataplane = self.dataplane
             dataplane.turns.grpc_call()
