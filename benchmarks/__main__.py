@@ -42,7 +42,9 @@ Rows (``--only`` picks some):
 
 ``--instructions N`` times nothing: it counts, with valgrind's callgrind, the instructions per REST
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
-``--baseline``, of the other one: figures that hardly move with the machine's load.
+``--baseline``, of the other one: figures that hardly move with the machine's load, each the median
+of ``--instruction-starts K`` (3) starts of the side's server, printed net of the event loop's clocks
+and raw.
 ``--start-instructions [FOLDER]`` counts likewise the instructions of a server from its start to its
 ready line (every thread; the echo model unless FOLDER is given): the start-up rows' steady figure.
 
@@ -752,6 +754,15 @@ def main() -> int:
         "(callgrind), of this checkout and of --baseline's",
     )
     parser.add_argument(
+        "--instruction-starts",
+        dest="starts_counted",
+        type=int,
+        default=3,
+        metavar="K",
+        help="with --instructions: start each side's server K times, the sides in turn, and take each "
+        "figure's median (two processes of one checkout differ by about a percent)",
+    )
+    parser.add_argument(
         "--start-instructions",
         metavar="FOLDER",
         nargs="?",
@@ -870,7 +881,7 @@ def instructions(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(ECHO, Path(tmp) / ECHO.name)
         body = echo_body(args.elements)
-        counts = counting.count(sides, Path(tmp), args.instructions, body, args.clients)
+        counts = counting.count(sides, Path(tmp), args.instructions, body, args.clients, args.starts_counted)
     if args.baseline:
         counting.print_ratios(counts, "this checkout", "before")
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,45 +66,85 @@ def server_command(checkout: Path, folder: Path) -> list[str]:
 
 
 def count(
-    sides: dict[str, tuple[Path, list[str]]], folder: Path, requests: int, body: bytes, connections: int
+    sides: dict[str, tuple[Path, list[str]]],
+    folder: Path,
+    requests: int,
+    body: bytes,
+    connections: int,
+    starts: int = 1,
 ) -> dict[str, dict[str, float]]:
-    """Instructions per request of each side (label -> (checkout, extra arguments)), by transport;
-    printed as they come."""
-    counts: dict[str, dict[str, float]] = {}
+    """Instructions per request of each side (label -> (checkout, extra arguments)), by transport
+    (net, and raw under "<transport> raw"); printed as they come. With ``starts`` > 1 each side's
+    server is started that many times, the sides in turn, and each figure is the median of its
+    starts: two processes of the same checkout differ by about a percent (memory layout)."""
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in sides}
     with tempfile.TemporaryDirectory() as tmp:
-        for index, (label, (checkout, extra)) in enumerate(sides.items()):
-            out = f"{tmp}/side{index}"
-            command = [
-                *("valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"),
-                f"--callgrind-out-file={out}.%p",
-                *server_command(checkout, folder),
-                *extra,
-            ]
-            server = _started(command, checkout, {"PYTHONHASHSEED": "0"})
-            try:
-                pid = str(server.process.pid)
-                counts[label] = {}
+        for start in range(starts):
+            for index, (label, (checkout, extra)) in enumerate(sides.items()):
+                runs[label].append(
+                    _count_one(tmp, f"{start}-{index}", checkout, extra, folder, requests, body, connections)
+                )
+                figures = runs[label][-1]
                 for transport in TRANSPORTS:
-                    send = rest_requests if transport == "REST" else grpc_requests
-                    asyncio.run(send(server, WARM_UP, body, connections))  # not counted
-                    subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True, check=True)
-                    subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
-                    began = time.monotonic()
-                    asyncio.run(send(server, requests, body, connections))
-                    seconds = time.monotonic() - began
-                    served = _dumped(tmp, index, pid)
-                    time.sleep(seconds)  # as long again with no request: the clock's share
-                    idle = _dumped(tmp, index, pid)
-                    subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True, check=True)
-                    counts[label][transport] = (served - idle) / requests
-                    counts[label][f"{transport} raw"] = served / requests
                     print(
-                        f"{label:>13}, {transport}: {counts[label][transport]:9.0f} instructions per request "
-                        f"net ({served / requests:.0f} raw, {idle / requests:.0f} of them the clock's)"
+                        f"{label:>13}, {transport}: {figures[transport]:9.0f} instructions per request net "
+                        f"({figures[transport + ' raw']:.0f} raw, "
+                        f"{figures[transport + ' raw'] - figures[transport]:.0f} of them the clock's)"
+                        + (f", start {start + 1} of {starts}" if starts > 1 else ""),
+                        flush=True,
                     )
-            finally:
-                server.stop(timeout=120)
+    counts = {
+        label: {key: statistics.median(run[key] for run in figures) for key in figures[0]}
+        for label, figures in runs.items()
+    }
+    if starts > 1:
+        for label, figures in counts.items():
+            for transport in TRANSPORTS:
+                print(
+                    f"{label:>13}, {transport}: {figures[transport]:9.0f} net, "
+                    f"{figures[transport + ' raw']:.0f} raw: the medians of {starts} starts"
+                )
     return counts
+
+
+def _count_one(
+    tmp: str,
+    tag: str,
+    checkout: Path,
+    extra: list[str],
+    folder: Path,
+    requests: int,
+    body: bytes,
+    connections: int,
+) -> dict[str, float]:
+    """One start of one side's server under callgrind: its figures by transport."""
+    command = [
+        *("valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"),
+        f"--callgrind-out-file={tmp}/side{tag}.%p",
+        *server_command(checkout, folder),
+        *extra,
+    ]
+    server = _started(command, checkout, {"PYTHONHASHSEED": "0"})
+    figures: dict[str, float] = {}
+    try:
+        pid = str(server.process.pid)
+        for transport in TRANSPORTS:
+            send = rest_requests if transport == "REST" else grpc_requests
+            asyncio.run(send(server, WARM_UP, body, connections))  # not counted
+            subprocess.run(["callgrind_control", "-i", "on", pid], capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True)
+            began = time.monotonic()
+            asyncio.run(send(server, requests, body, connections))
+            seconds = time.monotonic() - began
+            served = _dumped(tmp, tag, pid)
+            time.sleep(seconds)  # as long again with no request: the clock's share
+            idle = _dumped(tmp, tag, pid)
+            subprocess.run(["callgrind_control", "-i", "off", pid], capture_output=True, check=True)
+            figures[transport] = (served - idle) / requests
+            figures[f"{transport} raw"] = served / requests
+    finally:
+        server.stop(timeout=120)
+    return figures
 
 
 def to_ready(sides: dict[str, Path], folder: Path) -> dict[str, float]:
@@ -152,11 +193,11 @@ def print_ratios(counts: dict[str, dict[str, float]], first: str, second: str) -
         print(f"{transport}: instructions per request, {first} / {second}: {ratio:.3f} net, {raw:.3f} raw")
 
 
-def _dumped(tmp: str, index: int, pid: str) -> int:
+def _dumped(tmp: str, tag: str, pid: str) -> int:
     """The instructions the event loop's thread (callgrind's ``-01``) ran since the last dump (or
     zeroing): a dump now, read back."""
     subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True)
-    dumps = sorted(Path(tmp).glob(f"side{index}.{pid}.*-01"), key=_dump_number)
+    dumps = sorted(Path(tmp).glob(f"side{tag}.{pid}.*-01"), key=_dump_number)
     return _total(dumps[-1])
 
 
