@@ -8,14 +8,15 @@
   settings leave it unset); the rest wait in order. The streams joining at a step are prefilled
   together, in one padded forward call; every step is then one forward call over all the
   decoding streams (:mod:`.kv_cache`), and a stream that finishes, is stopped or whose client
-  goes away frees its cache at once, so that a waiting one takes its place at the next step. The request: a BYTES ``text_input`` (one prompt; the
-  generate extension's input), or INT64 ``input_ids`` (the prompt's tokens), or a BYTES
-  ``messages`` (the chat messages as JSON, rendered by the chat template); the parameters of
-  :mod:`.options`. Each chunk's BYTES ``text_output`` is the new text only (the prompt is not
-  repeated, unless ``echo``); the last chunk carries ``finish_reason`` (``length``, ``eos_token``
-  or ``stop_sequence``), ``prompt_tokens`` and ``completion_tokens``; with ``logprobs``, every
-  chunk carries its tokens' ``logprobs``; with ``return_token_ids``, their ``token_ids``. A unary
-  request (``infer``, ``generate``) is answered with the whole text.
+  goes away frees its cache at once, so that a waiting one takes its place at the next step.
+  The request: a BYTES ``text_input`` (one prompt; the generate extension's input), or INT64
+  ``input_ids`` (the prompt's tokens), or a BYTES ``messages`` (the chat messages as JSON,
+  rendered by the chat template); the parameters of :mod:`.options`. Each chunk's BYTES
+  ``text_output`` is the new text only (the prompt is not repeated, unless ``echo``); the last
+  chunk carries ``finish_reason`` (``length``, ``eos_token`` or ``stop_sequence``),
+  ``prompt_tokens`` and ``completion_tokens``; with ``logprobs``, every chunk carries its tokens'
+  ``logprobs``; with ``return_token_ids``, their ``token_ids``. A unary request (``infer``,
+  ``generate``) is answered with the whole text.
 - ``feature-extraction``: ``infer`` with a BYTES ``text_input`` of N texts answers an FP32
   ``embedding`` [N, hidden size]: the last hidden state pooled per text (``pooling``: the mean
   over its tokens by default), and ``prompt_tokens`` (the tokens read) as a parameter.
