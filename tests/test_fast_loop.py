@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests import fast_loop
@@ -44,3 +47,25 @@ def test_a_test_whose_fixture_starts_a_server_is_left_out(request: pytest.Fixtur
     definitions = request.session._fixturemanager.getfixturedefs("example_server", request.node)
     assert definitions
     assert fast_loop._starts_something(fast_loop._source(definitions[-1].func))
+
+
+def _starts_a_process() -> None:
+    subprocess.run([sys.executable, "--version"], check=True)
+
+
+def _calls_a_helper_that_starts_one() -> None:
+    _starts_a_process()
+
+
+def _stays_in_this_process() -> int:
+    return len(str(_in_process_value()))
+
+
+def _in_process_value() -> int:
+    return 1
+
+
+def test_the_suites_helpers_are_followed() -> None:
+    """A test that starts its server through a helper of the suite is left out as well."""
+    assert fast_loop._starts(_calls_a_helper_that_starts_one)
+    assert not fast_loop._starts(_stays_in_this_process)

@@ -199,6 +199,7 @@ def test_a_bad_memory_size_is_refused() -> None:
     assert ModelSettings(pinned=True).pinned
 
 
+@pytest.mark.server  # the model's worker process
 async def test_a_model_in_a_worker_process_is_measured_by_its_worker_and_evicted(tmp_path: Path) -> None:
     """In worker processes the model's memory is its workers' resident memory; evicting it stops them."""
     async with repository(tmp_path, {"w": {"workers": 1}, "b": {}}, max_loaded_models=1) as (server, http):

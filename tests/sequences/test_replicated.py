@@ -76,7 +76,7 @@ def redis_url() -> Iterator[str]:
 # ---------------------------------------------------------------------- both stores answer alike
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.server)])
 def store_url(request: pytest.FixtureRequest) -> str:
     """Each store in turn (Redis: the real redis-server of this module)."""
     if request.param == "memory":
