@@ -28,6 +28,9 @@ NOT_LOADED = "not loaded"
 """The reason an entry gives while its model is not loaded (loaded on demand by a request)."""
 
 
+_READY = State.READY  # (read per request: a global, not an attribute of the enum class)
+
+
 @dataclass(eq=False)
 class ModelEntry:
     """One model version as the registry holds it."""
@@ -80,7 +83,7 @@ class ModelEntry:
     def ready(self) -> bool:
         if self.workers is not None and not self.workers.ready:
             return False  # every worker is dead or restarting
-        return self.state is State.READY and self.model is not None and self.model.ready
+        return self.state is _READY and self.model is not None and self.model.ready
 
 
 def _version_key(version: str | None) -> tuple[int, ...] | tuple[int, str]:
@@ -126,6 +129,9 @@ class ModelTable:
             if entry is None:
                 raise ModelNotFound(name, version)
             return entry
+        if len(versions) == 1 and name not in self._defaults:  # the one version (no choice to make)
+            for entry in versions.values():
+                return entry
         chosen = self._defaults.get(name, "")
         if chosen != "" and chosen in versions:
             return versions[chosen]
@@ -142,9 +148,7 @@ class ModelTable:
 
     @staticmethod
     def _default(versions: dict[str | None, ModelEntry]) -> ModelEntry:
-        # unversioned settings win; else the highest ready version; else the highest version
-        if len(versions) == 1:
-            return next(iter(versions.values()))
+        # (of several) unversioned settings win; else the highest ready version; else the highest
         if None in versions:
             return versions[None]
         ordered = sorted(versions.values(), key=lambda e: _version_key(e.version), reverse=True)
