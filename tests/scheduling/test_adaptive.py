@@ -1,4 +1,4 @@
-"""Adaptive batching: who shares a batch, and what each caller gets back."""
+"""``runtime.scheduling.adaptive``: who shares a batch, and what each caller gets back."""
 
 from __future__ import annotations
 
