@@ -12,10 +12,12 @@ model repository).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
 import tempfile
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -234,9 +236,7 @@ class Management:
                 await self._forget_failed(entry)
                 raise ModelFailed(f"Model {settings.name!r} could not be loaded: {entry.reason}")
             return registered
-        task = asyncio.get_running_loop().create_task(self.registry.load(settings))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._in_background(self.registry.load(settings), f"Registering model {settings.name!r}")
         return registered
 
     async def _forget_failed(self, entry: ModelEntry) -> None:
@@ -323,9 +323,7 @@ class Management:
         if synchronous:
             await job
         else:
-            task = asyncio.get_running_loop().create_task(job)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._in_background(job, f"Scaling model {entry.name!r} to {min_worker} worker(s)")
         return min_worker
 
     def set_default(self, name: str, version: str) -> None:
@@ -339,6 +337,18 @@ class Management:
             if len(versions) > 1 and self.registry.default_version(name) == entry.version:
                 raise Forbidden(f"Cannot remove default version for model {name}")
         await self.registry.unload(name, version)
+
+    def _in_background(self, job: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run ``job`` after the call was answered (``synchronous=false``). No caller is left to
+        tell of its failure, so the failure is logged, naming ``what`` and why."""
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._finished, what))
+
+    def _finished(self, what: str, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("%s failed: %s", what, error)
 
     async def close(self) -> None:
         for task in list(self._tasks):

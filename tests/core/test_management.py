@@ -4,7 +4,9 @@ status and exception type through the one table both management front ends answe
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -282,3 +284,21 @@ async def test_a_page_of_no_models_and_negative_pages_are_refused(tmp_path: Path
         for limit, token in ((-1, 0), (1, -1)):
             with pytest.raises(InvalidInput, match="must not be negative"):
                 server.management.list_models(limit, token)
+
+
+async def test_a_failure_in_the_background_is_logged_and_the_model_keeps_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No caller waits for a call answered before its work (``synchronous=false``): its failure is
+    logged, naming the operation and why."""
+    write_model(tmp_path, "m", 1.0, extra={"mib": 1})
+    async with managed(tmp_path) as server:
+        await server.management.register("m", synchronous=True)
+        parameters = server.registry.find("m").settings.parameters
+        assert parameters is not None
+        parameters.extra["mib"] = "none"  # the instance that scaling loads fails to load
+        assert await server.management.scale("m", None, 0, None, synchronous=False) == 0
+        with caplog.at_level(logging.ERROR, logger="runtime.core.management"):
+            await asyncio.gather(*server.management._tasks, return_exceptions=True)
+        assert "Scaling model 'm' to 0 worker(s) failed: Model 'm' could not be reloaded" in caplog.text
+        assert await server.ask("m", 1.0) == ([2.0], None)  # the instance before still serves
