@@ -44,7 +44,8 @@ Rows (``--only`` picks some):
 and per gRPC echo request over N requests (benchmarks/instructions.py), of this checkout and, with
 ``--baseline``, of the other one: figures that hardly move with the machine's load, each the median
 of ``--instruction-starts K`` (3) starts of the side's server, printed net of the event loop's clocks
-and raw.
+and raw. ``--server-args ARGS`` starts both sides' servers with more arguments: both at one value of
+a default that changed between them (``--loop-block-warning 0.5``, the watchdog's clock), say.
 ``--start-instructions [FOLDER]`` counts likewise the instructions of a server from its start to its
 ready line (every thread; the echo model unless FOLDER is given): the start-up rows' steady figure.
 
@@ -59,6 +60,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -754,6 +756,13 @@ def main() -> int:
         "(callgrind), of this checkout and of --baseline's",
     )
     parser.add_argument(
+        "--server-args",
+        default="",
+        metavar="ARGS",
+        help="with --instructions: more `mlserver-like start` arguments for both sides' servers, "
+        "e.g. --server-args='--loop-block-warning 0.5' (both at one setting of a default that changed)",
+    )
+    parser.add_argument(
         "--instruction-starts",
         dest="starts_counted",
         type=int,
@@ -875,9 +884,10 @@ def instructions(args: argparse.Namespace) -> int:
     checkout and of the baseline's, on the echo model alone."""
     if not counting.available():
         return 1
-    sides: dict[str, tuple[Path, list[str]]] = {"this checkout": (ROOT, [])}
+    extra = shlex.split(args.server_args)
+    sides: dict[str, tuple[Path, list[str]]] = {"this checkout": (ROOT, extra)}
     if args.baseline:
-        sides["before"] = (Path(args.baseline).resolve(), [])
+        sides["before"] = (Path(args.baseline).resolve(), extra)
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(ECHO, Path(tmp) / ECHO.name)
         body = echo_body(args.elements)

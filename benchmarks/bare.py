@@ -123,7 +123,7 @@ async def serve_grpc() -> None:
     from runtime.frontends.grpc.generated import dataplane_pb2 as pb
     from runtime.frontends.grpc.generated import dataplane_pb2_grpc
 
-    class BareEcho(dataplane_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    class BareEcho(dataplane_pb2_grpc.GRPCInferenceServiceServicer):
         async def ModelInfer(self, request: Any, context: object) -> Any:
             response = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
             for tensor in request.inputs:

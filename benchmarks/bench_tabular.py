@@ -202,9 +202,11 @@ async def check(sides: list[Side], request: Callable[[int, str], bytes]) -> None
                 raise RuntimeError(f"{side.label} answered {status} for {model}: {answer[:300]!r}")
             outputs = orjson.loads(answer)["outputs"]
             answers.append([(o["name"], o["datatype"], o["shape"], o["data"]) for o in outputs])
-        for side, answer in zip(sides[1:], answers[1:], strict=True):
-            if answer != answers[0]:
-                raise RuntimeError(f"{side.label} answers {model} {answer}, {sides[0].label} {answers[0]}")
+        for side, outputs_of_side in zip(sides[1:], answers[1:], strict=True):
+            if outputs_of_side != answers[0]:
+                raise RuntimeError(
+                    f"{side.label} answers {model} {outputs_of_side}, {sides[0].label} {answers[0]}"
+                )
 
 
 async def measure(sides: list[Side], args: argparse.Namespace, request: Callable[[int, str], bytes]) -> None:
