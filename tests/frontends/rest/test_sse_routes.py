@@ -212,18 +212,3 @@ async def test_generate_accepts_binary_tensor_data(client: httpx.AsyncClient) ->
 
 async def test_server_metadata_lists_the_generate_extension(client: httpx.AsyncClient) -> None:
     assert "generate" in (await client.get("/v2")).json()["extensions"]
-
-
-def test_events_go_out_through_the_send_that_sse_starlette_calls_without_a_scope_each() -> None:
-    """The stream's response overrides the one method sse-starlette sends every event through:
-    if a new sse-starlette stops calling it, this says so (the override would be silently unused)."""
-    import inspect
-
-    from sse_starlette import EventSourceResponse
-
-    from runtime.frontends.rest.sse import _event_source
-
-    response_class = _event_source()
-    assert issubclass(response_class, EventSourceResponse)
-    assert "_send_with_timeout" in vars(response_class)
-    assert "self._send_with_timeout(" in inspect.getsource(EventSourceResponse._stream_response)
