@@ -126,10 +126,12 @@ def _load_module(handler: str, model_dir: Path) -> tuple[ModuleType, str | None]
                 raise
         return module, function or None
     # a built-in handler: "image_classifier", "ts.torch_handler.image_classifier", a module path
-    name = stem.split("/")[-1]
+    built_in = f"ts.torch_handler.{stem.split('/')[-1]}"
     try:
-        return importlib.import_module(f"ts.torch_handler.{name}"), function or None
-    except ImportError:
+        return importlib.import_module(built_in), function or None
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (built_in == exc.name or built_in.startswith(f"{exc.name}.")):
+            raise  # the built-in handler is there, but a module it imports is not: say which
         return importlib.import_module(stem), function or None
 
 

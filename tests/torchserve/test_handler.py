@@ -6,6 +6,7 @@ user would package them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import shutil
@@ -149,6 +150,16 @@ def test_a_handler_not_in_the_model_folder_is_a_built_in_or_a_module_path(
 ) -> None:
     module, named = _load_module(handler, tmp_path)
     assert (module.__name__, named) == (module_name, function)
+
+
+def test_a_built_in_handler_whose_dependency_is_missing_names_that_dependency(tmp_path: Path) -> None:
+    """TorchServe's image_classifier imports torchvision: without it, the error says torchvision,
+    not that no handler of that name exists."""
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here: the built-in image_classifier imports")
+    with pytest.raises(ModuleNotFoundError) as missing:
+        _load_module("image_classifier", tmp_path)
+    assert missing.value.name == "torchvision"
 
 
 @pytest.mark.parametrize("handler", ["echo_handler", "echo_handler.py:handle"])
