@@ -170,3 +170,18 @@ def test_the_package_map_names_every_module() -> None:
             continue  # the whole package documented as one
         missing.append(relative.as_posix())
     assert missing == []
+
+
+def test_every_module_has_its_test_file_by_name() -> None:
+    """``runtime/<folder>/<module>.py`` is tested in ``tests/<folder>/test_<module>.py`` (a module
+    of ``runtime/`` itself in ``tests/test_<module>.py``), so that a module's tests are found by
+    its name."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" or "generated" in relative.parts:
+            continue
+        expected = ROOT / "tests" / relative.parent / f"test_{path.stem}.py"
+        if not expected.exists():
+            missing.append(f"{relative.as_posix()}: {expected.relative_to(ROOT).as_posix()}")
+    assert missing == []
