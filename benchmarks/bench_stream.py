@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def bare_app() -> object:
         n = body["inputs"][0]["data"][0]
         interval = body["parameters"]["interval_us"] / 1e6
 
-        async def events():  # type: ignore[no-untyped-def]
+        async def events() -> AsyncIterator[bytes]:
             for i in range(n):
                 if interval:
                     await asyncio.sleep(interval)

@@ -56,7 +56,8 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        out: torch.Tensor = self.layers(x)
+        return out
 
 
 def save(folder: Path, fmt: str, features: int, hidden: int) -> tuple[Path, Any]:
@@ -108,9 +109,9 @@ async def bench(args: argparse.Namespace) -> None:
         settings = ModelSettings(
             name="mlp",
             implementation=TorchModel,
-            inputs=[MetadataTensor(name="x", datatype="FP32", shape=[-1, args.features])],  # type: ignore[arg-type]
-            outputs=[MetadataTensor(name="y", datatype="FP32", shape=[-1, 10])],  # type: ignore[arg-type]
-            parameters={"uri": str(path), "extra": extra},  # type: ignore[arg-type]
+            inputs=[MetadataTensor(name="x", datatype="FP32", shape=[-1, args.features])],
+            outputs=[MetadataTensor(name="y", datatype="FP32", shape=[-1, 10])],
+            parameters={"uri": str(path), "extra": extra},
         )
         registry = Registry()
         entry = await registry.load(settings)
@@ -145,7 +146,7 @@ async def bench(args: argparse.Namespace) -> None:
 
             async def dataplane_infer(x: np.ndarray = x) -> None:
                 request = InferenceRequest(
-                    inputs=[RequestInput(name="x", shape=list(x.shape), datatype="FP32", data=x)]  # type: ignore[arg-type]
+                    inputs=[RequestInput(name="x", shape=list(x.shape), datatype="FP32", data=x)]
                 )
                 await dataplane.infer(request, "mlp")
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ async def one_request(request: InferenceRequest) -> AsyncIterator[InferenceReque
 
 async def served(dataplane: DataPlane, name: str, prompt: np.ndarray) -> int:
     request = InferenceRequest(
-        inputs=[RequestInput(name="tokens", shape=list(prompt.shape), datatype="INT64", data=prompt)],  # type: ignore[arg-type]
+        inputs=[RequestInput(name="tokens", shape=list(prompt.shape), datatype="INT64", data=prompt)],
         parameters=Parameters(),
     )
     count = 0
@@ -150,7 +150,7 @@ async def bench(args: argparse.Namespace) -> None:
             counts = await asyncio.gather(*(served(dataplane, name, prompt) for prompt in requests))
             return sum(counts)
 
-        ways = {
+        ways: dict[str, Callable[[], Awaitable[int]]] = {
             "plain loop": plain,
             "one at a time": lambda: through("one-at-a-time"),
             "continuous": lambda: through("continuous"),
@@ -165,7 +165,9 @@ async def bench(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 await way()
                 best[name] = max(best[name], expected / (time.perf_counter() - start))
-        stats = registry.get("continuous").scheduler.describe()["stats"]
+        scheduler = registry.get("continuous").scheduler
+        assert scheduler is not None
+        stats = scheduler.describe()["stats"]
         await registry.unload_all()
 
     print(

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ handler:
     capacity: 4096
 """
 
-Sequence = Callable[[Any, int, str, float, list[int]], Awaitable[None]]
+Sequence = Callable[[Any, int, str, float, list[int]], Coroutine[Any, Any, None]]
 
 
 def build_store(folder: Path) -> None:
