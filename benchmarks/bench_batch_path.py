@@ -99,7 +99,7 @@ async def _sequence(requests: int, counted: Callable[[bool], None]) -> None:
     from runtime.scheduling.sequence_batching import SequenceScheduler
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "models" / "running-sum"))
-    from model import RunningSum
+    from model import RunningSum  # type: ignore[import-not-found,unused-ignore]  # the example folder is on sys.path
 
     settings = ModelSettings.model_validate_json(
         (ROOT / "benchmarks" / "models" / "running-sum" / "model-settings.json").read_text()
