@@ -193,19 +193,13 @@ class DataPlane(StreamServing):
         refusal is counted as ``infer`` counts one); return the model's entry, whose settings a
         transport may read to translate the request."""
         try:
-            return self._entry(name, version)
+            if self.draining:
+                raise ShuttingDown("The server is shutting down")
+            return self.registry.serving(name, version)
         except ServerError as exc:
             if self.observer is not None:
                 self.observer.refused(name, version, exc)
             raise
-
-    _checked = check_model
-    """The entry to serve; a refusal is counted (when observed) before it is raised."""
-
-    def _entry(self, name: str, version: str | None) -> ModelEntry:
-        if self.draining:
-            raise ShuttingDown("The server is shutting down")
-        return self.registry.serving(name, version)
 
     async def infer(
         self,
@@ -221,7 +215,7 @@ class DataPlane(StreamServing):
         ``_serve`` takes the model's current entry when that one is no longer ready, and a
         server that began to drain meanwhile refuses the request as ``check_model`` would."""
         if entry is None or self.draining:
-            entry = self._checked(name, version)  # found once, for the observer and the request alike
+            entry = self.check_model(name, version)  # found once, for the observer and the request alike
         observer = self.observer
         if observer is None:
             return await self._serve(request, entry)
@@ -338,7 +332,7 @@ class DataPlane(StreamServing):
         """The inference request a generate request stands for, and what turns each of its
         responses into a generate answer. The request is served like any other (``infer`` or
         ``infer_stream``), so generate and infer share one path: sequences, cancellation, errors."""
-        settings = self._entry(name, version).settings
+        settings = self.check_model(name, version).settings
         details = wants_details(body)
         request = to_inference_request(body, settings)
         return request, lambda response: to_generate_response(response, settings, details)

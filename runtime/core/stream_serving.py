@@ -104,7 +104,7 @@ class StreamServing:
     async def _stream(
         self, requests: AsyncIterator[InferenceRequest], name: str, version: str | None, in_band: bool
     ) -> AsyncGenerator[InferenceResponse | StreamError, None]:
-        entry = await self.registry.acquire(self._entry(name, version))
+        entry = await self.registry.acquire(self.check_model(name, version))
         assert entry.scheduler is not None
         session = StreamSession(
             entry.name,
