@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from runtime.frontends.telemetry.grpc_access import ObservedGrpc, ObservedRegistration
+from runtime.frontends.telemetry.grpc_access import ObservedGrpc, ObservedRegistration, _status_name
 from runtime.telemetry.counts import Recorder
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +81,13 @@ async def test_the_registration_counts_without_an_interceptor() -> None:
         await server.stop(None)
     check = recorder.grpc[("unary", SERVICE, "Check")]
     assert check.started == 3 and check.handled == {"OK": 2, "NOT_FOUND": 1}
+
+
+@pytest.mark.parametrize("status", list(grpc.StatusCode))
+def test_a_calls_status_is_counted_by_its_name(status: grpc.StatusCode) -> None:
+    assert _status_name(status) == status.name
+    assert _status_name(status.value[0]) == status.name  # grpc.aio may give the code's integer
+
+
+def test_an_unknown_status_value_is_counted_as_unknown() -> None:
+    assert _status_name(99) == "UNKNOWN"
