@@ -129,9 +129,8 @@ class ModelTable:
             if entry is None:
                 raise ModelNotFound(name, version)
             return entry
-        if len(versions) == 1 and name not in self._defaults:  # the one version (no choice to make)
-            for entry in versions.values():
-                return entry
+        if len(versions) == 1:  # the only version, whatever was chosen (a choice names it or one gone)
+            return next(iter(versions.values()))
         chosen = self._defaults.get(name, "")
         if chosen != "" and chosen in versions:
             return versions[chosen]
